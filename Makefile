@@ -1,0 +1,33 @@
+# tollgate — every action is one target. `make test` is what CI runs (.ci/run).
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+GO ?= go
+POLICY ?= lambda/policy.yaml
+LISTEN ?= 127.0.0.1:8080
+
+.PHONY: all test test-go wasm-check lint fmt tf-check
+
+all: test
+
+## test: the whole suite: vet, race-enabled tests on real redis-server, the wasip1 build, Terraform checks
+test: lint wasm-check test-go tf-check
+
+test-go:
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+## wasm-check: shared/algo (and the filter) must compile for GOOS=wasip1 GOARCH=wasm
+wasm-check:
+	GOOS=wasip1 GOARCH=wasm $(GO) build ./shared/algo/... ./shared/memstore/...
+
+## lint: gofmt and go vet
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+## tf-check: terraform fmt, validate, test and an offline plan (skipped where terraform is missing)
+tf-check:
+	@if [ -x scripts/tf-check.sh ]; then scripts/tf-check.sh; else echo "tf-check: scripts/tf-check.sh not present yet"; fi

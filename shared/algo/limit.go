@@ -1,0 +1,255 @@
+// Package algo implements tollgate's rate-limiting algorithms twice: as pure Go
+// state-transition functions (the specification, and the in-process store) and as
+// Redis Lua scripts that decide atomically in one round trip.
+//
+// The package imports only the standard library, starts no goroutines and never reads
+// the clock: every function that needs the time takes it as an argument. It compiles
+// for GOOS=wasip1 GOARCH=wasm so the Envoy filter can run the models inside its VM.
+package algo
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Algorithm names one rate-limiting algorithm.
+type Algorithm string
+
+// The algorithms of the catalogue.
+const (
+	FixedWindow   Algorithm = "fixed_window"
+	SlidingLog    Algorithm = "sliding_log"
+	SlidingWindow Algorithm = "sliding_window"
+	TokenBucket   Algorithm = "token_bucket"
+	LeakyBucket   Algorithm = "leaky_bucket"
+	GCRA          Algorithm = "gcra"
+	BucketRing    Algorithm = "bucket_ring"
+)
+
+// Algorithms lists every algorithm of the catalogue, in a stable order.
+var Algorithms = []Algorithm{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, LeakyBucket, GCRA, BucketRing}
+
+// Valid reports whether a is one of the catalogue's algorithms.
+func (a Algorithm) Valid() bool {
+	for _, b := range Algorithms {
+		if a == b {
+			return true
+		}
+	}
+	return false
+}
+
+// HasBurst reports whether the algorithm takes a burst (capacity) distinct from its
+// count: token_bucket (bucket size), gcra (burst tolerance) and leaky_bucket (queue size).
+func (a Algorithm) HasBurst() bool {
+	return a == TokenBucket || a == GCRA || a == LeakyBucket
+}
+
+// CanRecord reports whether the algorithm can keep a recorded attribute value with each
+// admitted request: sliding_log keeps it in the log entry, fixed_window in a per-window
+// hash of value counts.
+func (a Algorithm) CanRecord() bool {
+	return a == SlidingLog || a == FixedWindow
+}
+
+// Limits on a limit's numbers, so that every computation stays exact in float64 (and in
+// Lua's doubles): times are whole microseconds below 2^53.
+const (
+	MaxCount  = 1 << 40
+	MinPeriod = time.Millisecond
+	MaxPeriod = 366 * 24 * time.Hour
+	// MaxRingBuckets bounds the number of buckets of a bucket_ring (its longest window
+	// divided by its bucket width).
+	MaxRingBuckets = 3600
+	// MaxLogCount bounds a sliding_log's count: the log keeps one entry per admitted unit.
+	MaxLogCount = 100000
+)
+
+// A Limit is one rate limit: Count units per Period, decided by Algorithm.
+// The zero value is not valid; build limits with ParseRate or fill the fields and call
+// Validate.
+type Limit struct {
+	Algorithm Algorithm
+	// Count is the number of cost units admitted per Period.
+	Count int64
+	// Period is the length of the window, or the time in which Count units refill.
+	Period time.Duration
+	// Burst is the capacity of token_bucket, the burst tolerance of gcra and the queue
+	// size of leaky_bucket, in cost units. Zero means Count. Other algorithms must leave
+	// it zero.
+	Burst int64
+	// Bucket is the width of one bucket of a bucket_ring. Zero means the greatest common
+	// divisor of the periods of the ring's windows. Other algorithms must leave it zero.
+	Bucket time.Duration
+}
+
+// Capacity returns the most cost units the limit admits at once: Burst where the
+// algorithm has one and it is set, else Count.
+func (l Limit) Capacity() int64 {
+	if l.Algorithm.HasBurst() && l.Burst > 0 {
+		return l.Burst
+	}
+	return l.Count
+}
+
+// String formats the limit as "algorithm count/period", with the burst where set.
+func (l Limit) String() string {
+	s := string(l.Algorithm) + " " + FormatRate(l.Count, l.Period)
+	if l.Burst > 0 {
+		s += " burst " + strconv.FormatInt(l.Burst, 10)
+	}
+	return s
+}
+
+// A FieldError is a validation error that names the field at fault.
+type FieldError struct {
+	Field string // e.g. "rate", "burst", "algorithm"
+	Value string // the offending value, as written
+	Msg   string // what is wrong and how to fix it
+}
+
+func (e *FieldError) Error() string {
+	if e.Value == "" {
+		return e.Field + ": " + e.Msg
+	}
+	return e.Field + ": " + strconv.Quote(e.Value) + ": " + e.Msg
+}
+
+// Validate reports every problem of the limit, joined, or nil. Each problem is a
+// *FieldError naming the field.
+func (l Limit) Validate() error {
+	var errs []error
+	bad := func(field, value, msg string) { errs = append(errs, &FieldError{field, value, msg}) }
+	if !l.Algorithm.Valid() {
+		bad("algorithm", string(l.Algorithm), "unknown algorithm; use one of "+algorithmList())
+	}
+	if l.Count < 1 {
+		bad("rate", FormatRate(l.Count, l.Period), "count must be at least 1")
+	} else if l.Count > MaxCount {
+		bad("rate", FormatRate(l.Count, l.Period), fmt.Sprintf("count must be at most %d", int64(MaxCount)))
+	}
+	switch {
+	case l.Period <= 0:
+		bad("rate", FormatRate(l.Count, l.Period), "period must be positive")
+	case l.Period < MinPeriod || l.Period%time.Millisecond != 0:
+		bad("rate", FormatRate(l.Count, l.Period), "period must be a whole number of milliseconds, at least 1ms")
+	case l.Period > MaxPeriod:
+		bad("rate", FormatRate(l.Count, l.Period), "period must be at most 366 days")
+	}
+	if l.Burst < 0 {
+		bad("burst", strconv.FormatInt(l.Burst, 10), "burst must be at least 1")
+	} else if l.Burst > 0 && !l.Algorithm.HasBurst() && l.Algorithm.Valid() {
+		bad("burst", strconv.FormatInt(l.Burst, 10), string(l.Algorithm)+" has no burst; remove it or use token_bucket, gcra or leaky_bucket")
+	} else if l.Burst > MaxCount {
+		bad("burst", strconv.FormatInt(l.Burst, 10), fmt.Sprintf("burst must be at most %d", int64(MaxCount)))
+	}
+	if l.Bucket != 0 && l.Algorithm != BucketRing && l.Algorithm.Valid() {
+		bad("bucket", l.Bucket.String(), "only bucket_ring has buckets; remove it")
+	}
+	if l.Algorithm == BucketRing && l.Bucket != 0 && l.Period > 0 {
+		if l.Bucket < MinPeriod || l.Bucket%time.Millisecond != 0 || l.Period%l.Bucket != 0 {
+			bad("bucket", l.Bucket.String(), "bucket must be a whole number of milliseconds that divides the period")
+		} else if l.Period/l.Bucket > MaxRingBuckets {
+			bad("bucket", l.Bucket.String(), fmt.Sprintf("the period spans more than %d buckets; use wider buckets", MaxRingBuckets))
+		}
+	}
+	if l.Algorithm == SlidingLog && l.Count > MaxLogCount {
+		bad("rate", FormatRate(l.Count, l.Period), fmt.Sprintf("sliding_log keeps one entry per request; its count must be at most %d (use sliding_window for larger counts)", MaxLogCount))
+	}
+	if l.Algorithm.Valid() && l.Count >= 1 && l.Period > 0 && (l.Algorithm == GCRA || l.Algorithm == TokenBucket || l.Algorithm == LeakyBucket) {
+		// The emission interval Period/Count must be at least one microsecond.
+		if l.Period/time.Microsecond < time.Duration(l.Count) {
+			bad("rate", FormatRate(l.Count, l.Period), "rate is faster than one unit per microsecond; use a longer period or a smaller count")
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func algorithmList() string {
+	names := make([]string, len(Algorithms))
+	for i, a := range Algorithms {
+		names[i] = string(a)
+	}
+	return strings.Join(names, ", ")
+}
+
+// units maps the unit names ParseRate accepts to their length.
+var units = []struct {
+	names []string
+	d     time.Duration
+}{
+	{[]string{"ms"}, time.Millisecond},
+	{[]string{"s", "sec", "second", "seconds"}, time.Second},
+	{[]string{"m", "min", "minute", "minutes"}, time.Minute},
+	{[]string{"h", "hour", "hours"}, time.Hour},
+	{[]string{"d", "day", "days"}, 24 * time.Hour},
+}
+
+// ParseRate parses a rate such as "100/s", "5/10s", "30/min", "10000/day" or "1/500ms"
+// into a count and a period. Units: ms, s (sec, second), m (min, minute), h (hour),
+// d (day); a unit may carry a whole-number multiplier ("10s", "15min").
+func ParseRate(s string) (count int64, period time.Duration, err error) {
+	fail := func(msg string) (int64, time.Duration, error) {
+		return 0, 0, &FieldError{Field: "rate", Value: s, Msg: msg}
+	}
+	c, p, ok := strings.Cut(strings.TrimSpace(s), "/")
+	if !ok {
+		return fail(`want COUNT/PERIOD, e.g. "100/s", "5/10s", "30/min"`)
+	}
+	c, p = strings.TrimSpace(c), strings.TrimSpace(p)
+	n, err := strconv.ParseInt(c, 10, 64)
+	if err != nil {
+		return fail("count " + strconv.Quote(c) + " is not a whole number")
+	}
+	if n < 1 {
+		return fail("count must be at least 1")
+	}
+	i := 0
+	for i < len(p) && p[i] >= '0' && p[i] <= '9' {
+		i++
+	}
+	mult := int64(1)
+	if i > 0 {
+		if mult, err = strconv.ParseInt(p[:i], 10, 64); err != nil || mult < 1 || mult > 1<<20 {
+			return fail("period multiplier " + strconv.Quote(p[:i]) + " must be a whole number from 1 to 1048576")
+		}
+	}
+	unit := strings.ToLower(strings.TrimSpace(p[i:]))
+	if unit == "" {
+		return fail("missing unit; use ms, s, min, h or day")
+	}
+	for _, u := range units {
+		for _, name := range u.names {
+			if unit == name {
+				return n, time.Duration(mult) * u.d, nil
+			}
+		}
+	}
+	return fail("unknown unit " + strconv.Quote(unit) + "; use ms, s, min, h or day")
+}
+
+// FormatRate formats a count and period the way ParseRate reads them, with the largest
+// unit that divides the period: FormatRate(30, time.Minute) is "30/min".
+func FormatRate(count int64, period time.Duration) string {
+	if period <= 0 {
+		return strconv.FormatInt(count, 10) + "/" + period.String()
+	}
+	for i := len(units) - 1; i >= 0; i-- {
+		u := units[i]
+		if period%u.d == 0 {
+			m := int64(period / u.d)
+			name := u.names[0]
+			if u.d == time.Minute {
+				name = "min"
+			}
+			if m == 1 {
+				return strconv.FormatInt(count, 10) + "/" + name
+			}
+			return strconv.FormatInt(count, 10) + "/" + strconv.FormatInt(m, 10) + name
+		}
+	}
+	return strconv.FormatInt(count, 10) + "/" + period.String()
+}

@@ -1,0 +1,86 @@
+-- decide: every meter of one request, all-or-nothing, in one round trip.
+-- KEYS[i]: the key of meter i (all in one cluster slot).
+-- ARGV: now_us ('' = the server's clock, redis.call('TIME'); a time given here adds
+--   one second to every TTL, see prelude.lua), cost, undo (1: reply
+--   with what a refund needs), meter count M, then per meter: algorithm, shadow (0|1),
+--   record ('' = none), limit count L, then L times: count, period_us, capacity,
+--   bucket_us.
+-- Reply: {now_us, allowed (0|1), then per meter per limit: allowed, remaining,
+--   reset_after_us, retry_after_us, delay_us}; with undo, then per charged meter:
+--   meter index, key count, then per key: name, dump before ('' = absent),
+--   pexpiretime before (ms, -2 = absent), dump after ('' = absent); extra count,
+--   extra...
+-- Every meter is checked (read-only) first; only when no non-shadow meter denies are
+-- the meters that allow charged. A shadow meter that denies is reported, not charged.
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+  ttl_slack = 1000000
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local cost = tonumber(ARGV[2])
+local undo = ARGV[3] == '1'
+local m = tonumber(ARGV[4])
+local pos = 5
+local out = {now, 1}
+local commits = {}
+local allowed = true
+for i = 1, m do
+  local algo = A[ARGV[pos]]
+  if not algo then return redis.error_reply('tollgate: unknown algorithm ' .. tostring(ARGV[pos])) end
+  local shadow = ARGV[pos + 1] == '1'
+  local record = ARGV[pos + 2]
+  local nl = tonumber(ARGV[pos + 3])
+  pos = pos + 4
+  local lims = {}
+  for j = 1, nl do
+    lims[j] = {tonumber(ARGV[pos]), tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3])}
+    pos = pos + 4
+  end
+  local ds, commit, writes = algo.check(KEYS[i], now, cost, lims, record)
+  for j = 1, #ds do
+    local d = ds[j]
+    out[#out + 1] = d[1]
+    out[#out + 1] = d[2]
+    out[#out + 1] = d[3]
+    out[#out + 1] = d[4]
+    out[#out + 1] = d[5]
+  end
+  if commit then
+    commits[#commits + 1] = {i, commit, writes}
+  elseif not shadow then
+    allowed = false
+  end
+end
+if not allowed then
+  out[2] = 0
+  return out
+end
+for c = 1, #commits do
+  local i, commit, writes = commits[c][1], commits[c][2], commits[c][3]
+  if undo then
+    -- Snapshot every key the commit may write before it writes, so that a refund can
+    -- restore the bytes exactly when nothing else touched them in between.
+    local before, expires = {}, {}
+    for k = 1, #writes do
+      before[k] = redis.call('DUMP', writes[k]) or ''
+      expires[k] = redis.call('PEXPIRETIME', writes[k])
+    end
+    local extra = commit()
+    out[#out + 1] = i
+    out[#out + 1] = #writes
+    for k = 1, #writes do
+      out[#out + 1] = writes[k]
+      out[#out + 1] = before[k]
+      out[#out + 1] = expires[k]
+      out[#out + 1] = redis.call('DUMP', writes[k]) or ''
+    end
+    out[#out + 1] = #extra
+    for k = 1, #extra do out[#out + 1] = extra[k] end
+  else
+    commit()
+  end
+end
+return out

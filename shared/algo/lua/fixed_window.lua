@@ -1,0 +1,48 @@
+-- fixed_window: a counter per window aligned to the Unix epoch.
+-- KEYS: the meter key K. State: K:<w> (integer string, INCRBY + PEXPIRE in the same
+-- script as the read, so the check-then-INCR race cannot happen) and, when the meter
+-- records, K:<w>:r (hash: recorded value -> units). Both derive from K and keep its
+-- hash tag, so they live in K's cluster slot.
+-- Time: the caller's now (server TIME unless the caller passed one).
+-- TTL: the end of the window.
+A.fixed_window = {}
+function A.fixed_window.check(key, now, cost, lims, record)
+  local n, p = lims[1][1], lims[1][2]
+  local w = floor(now / p)
+  local k = key .. ':' .. string.format('%d', w)
+  local used = tonumber(redis.call('GET', k) or '0')
+  local e = (w + 1) * p
+  local d = {0, 0, e - now, 0, 0}
+  if used + cost > n then
+    d[2] = max(0, n - used)
+    d[4] = e - now
+    if cost > n then d[4] = p end
+    if used == 0 then d[3] = 0 end
+    return {d}
+  end
+  d[1] = 1
+  d[2] = n - used - cost
+  if used + cost == 0 then d[3] = 0 end
+  local writes = {k}
+  if record ~= '' then writes[2] = k .. ':r' end
+  return {d}, function()
+    if cost == 0 then return {} end
+    redis.call('INCRBY', k, cost)
+    redis.call('PEXPIRE', k, ttl(e - now))
+    if record ~= '' then
+      redis.call('HINCRBY', k .. ':r', record, cost)
+      redis.call('PEXPIRE', k .. ':r', ttl(e - now))
+    end
+    return {}
+  end, writes
+end
+function A.fixed_window.refund(key, now, cost, lims, extra, record)
+  local w = floor(now / lims[1][2])
+  local k = key .. ':' .. string.format('%d', w)
+  if redis.call('EXISTS', k) == 1 and redis.call('DECRBY', k, cost) <= 0 then
+    redis.call('DEL', k)
+  end
+  if record ~= '' and redis.call('EXISTS', k .. ':r') == 1 and redis.call('HINCRBY', k .. ':r', record, -cost) <= 0 then
+    redis.call('HDEL', k .. ':r', record)
+  end
+end

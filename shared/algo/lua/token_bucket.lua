@@ -1,0 +1,35 @@
+-- token_bucket: up to capacity tokens, refilled at count per period continuously; a
+-- request takes cost tokens. An absent key is a full bucket.
+-- KEYS: the meter key K, a hash {t: tokens, s: time of the last refill (us)}.
+-- Time: the caller's now (server TIME unless the caller passed one).
+-- TTL: the time the bucket needs to refill completely.
+A.token_bucket = {}
+function A.token_bucket.check(key, now, cost, lims)
+  local n, p, b = lims[1][1], lims[1][2], lims[1][3]
+  local st = redis.call('HMGET', key, 't', 's')
+  local tokens, last = b, now
+  if st[1] then tokens, last = tonumber(st[1]), tonumber(st[2]) end
+  local elapsed = max(0, now - last)
+  local avail = min(b, tokens + elapsed * n / p)
+  local d = {0, 0, 0, 0, 0}
+  if avail < cost then
+    d[2] = floor(avail)
+    if cost > b then d[4] = p else d[4] = cus((cost - avail) * p / n) end
+    d[3] = cus((b - avail) * p / n)
+    return {d}
+  end
+  local left = avail - cost
+  d[1] = 1
+  d[2] = floor(left)
+  d[3] = cus((b - left) * p / n)
+  return {d}, function()
+    if cost == 0 then return {} end
+    redis.call('HSET', key, 't', num(left), 's', num(max(now, last)))
+    redis.call('PEXPIRE', key, ttl(d[3]))
+    return {}
+  end, {key}
+end
+function A.token_bucket.refund(key, now, cost, lims)
+  local t = redis.call('HGET', key, 't')
+  if t then redis.call('HSET', key, 't', num(min(lims[1][3], tonumber(t) + cost))) end
+end

@@ -1,0 +1,244 @@
+package algo
+
+import (
+	"embed"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+//go:embed lua/*.lua
+var luaFiles embed.FS
+
+// luaOrder is the order in which the script files are concatenated: helpers, the
+// algorithms, then the entry point.
+var luaOrder = []string{"prelude", "fixed_window", "sliding_log", "sliding_window", "token_bucket", "gcra", "leaky_bucket", "bucket_ring"}
+
+func luaSource(entry string) string {
+	var src []byte
+	for _, name := range append(luaOrder, entry) {
+		b, err := luaFiles.ReadFile("lua/" + name + ".lua")
+		if err != nil {
+			// The files are embedded at build time; a missing one is a build defect.
+			panic("algo: missing embedded script " + name + ".lua")
+		}
+		src = append(src, "-- "+name+".lua\n"...)
+		src = append(src, b...)
+		src = append(src, '\n')
+	}
+	return string(src)
+}
+
+// DecideScript returns the Lua source of the decision script: every meter of one
+// request, checked then charged all-or-nothing. See lua/decide.lua for its KEYS, ARGV
+// and reply; DecideArgs and ParseDecideReply encode and decode them.
+func DecideScript() string { return luaSource("decide") }
+
+// RefundScript returns the Lua source of the refund script, which undoes a charge made
+// by the decision script with undo on. See lua/refund.lua.
+func RefundScript() string { return luaSource("refund") }
+
+// AppendMeterArgs appends the decision script's ARGV for one meter to dst.
+func AppendMeterArgs(dst []any, m Meter) []any {
+	dst = append(dst, string(m.Algorithm()), boolArg(m.Shadow), m.Record, strconv.Itoa(len(m.Limits)))
+	return appendLimitArgs(dst, m)
+}
+
+func appendLimitArgs(dst []any, m Meter) []any {
+	var bucket int64
+	if m.Algorithm() == BucketRing {
+		bucket = micros(m.RingBucket())
+	}
+	for _, l := range m.Limits {
+		dst = append(dst, strconv.FormatInt(l.Count, 10), strconv.FormatInt(micros(l.Period), 10),
+			strconv.FormatInt(l.Capacity(), 10), strconv.FormatInt(bucket, 10))
+	}
+	return dst
+}
+
+func boolArg(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+// DecideArgs returns the decision script's ARGV for meters, a request of cost units, at
+// now in Unix microseconds (0: the Redis server's clock), with or without undo data.
+func DecideArgs(meters []Meter, cost int64, now int64, undo bool) []any {
+	args := make([]any, 0, 4+len(meters)*8)
+	nowArg := ""
+	if now != 0 {
+		nowArg = strconv.FormatInt(now, 10)
+	}
+	args = append(args, nowArg, strconv.FormatInt(cost, 10), boolArg(undo), strconv.Itoa(len(meters)))
+	for _, m := range meters {
+		args = AppendMeterArgs(args, m)
+	}
+	return args
+}
+
+// A Reply is the decoded answer of the decision script.
+type Reply struct {
+	// Now is the time the script decided at, in Unix microseconds.
+	Now int64
+	// Allowed reports whether the request was admitted and charged.
+	Allowed bool
+	// Decisions holds, per meter, one decision per limit.
+	Decisions [][]Decision
+	// Undo holds what a refund needs, per charged meter, when the call asked for it.
+	Undo []Undo
+}
+
+// Undo is what the refund script needs to give back one meter's charge.
+type Undo struct {
+	Meter   int      // index of the meter in the call
+	Keys    []string // the keys the charge wrote
+	Before  []string // their DUMP before the charge ("" = absent)
+	Expires []int64  // their PEXPIRETIME before the charge, ms
+	After   []string // their DUMP after the charge
+	Extra   []string // algorithm-specific data (sliding_log members, bucket_ring bucket)
+}
+
+// ParseDecideReply decodes the decision script's reply for meters. Elements must be
+// int64 or string, as go-redis returns them.
+func ParseDecideReply(v any, meters []Meter) (Reply, error) {
+	arr, ok := v.([]any)
+	if !ok {
+		return Reply{}, fmt.Errorf("algo: decide reply is %T, want an array", v)
+	}
+	r := replyReader{arr: arr}
+	var rep Reply
+	rep.Now = r.int()
+	rep.Allowed = r.int() == 1
+	rep.Decisions = make([][]Decision, len(meters))
+	for i, m := range meters {
+		ds := make([]Decision, len(m.Limits))
+		for j, l := range m.Limits {
+			ds[j] = Decision{
+				Allowed:    r.int() == 1,
+				Limit:      l.Count,
+				Period:     l.Period,
+				Remaining:  r.int(),
+				ResetAfter: time.Duration(r.int()) * time.Microsecond,
+				RetryAfter: time.Duration(r.int()) * time.Microsecond,
+				Delay:      time.Duration(r.int()) * time.Microsecond,
+			}
+		}
+		rep.Decisions[i] = ds
+	}
+	for r.err == nil && r.pos < len(arr) {
+		u := Undo{Meter: int(r.int())}
+		nk := int(r.int())
+		if nk < 0 || nk > len(arr) {
+			return Reply{}, fmt.Errorf("algo: decide reply: bad undo key count %d", nk)
+		}
+		for range nk {
+			u.Keys = append(u.Keys, r.str())
+			u.Before = append(u.Before, r.str())
+			u.Expires = append(u.Expires, r.int())
+			u.After = append(u.After, r.str())
+		}
+		ne := int(r.int())
+		if ne < 0 || ne > len(arr) {
+			return Reply{}, fmt.Errorf("algo: decide reply: bad undo extra count %d", ne)
+		}
+		for range ne {
+			u.Extra = append(u.Extra, r.str())
+		}
+		rep.Undo = append(rep.Undo, u)
+	}
+	if r.err != nil {
+		return Reply{}, r.err
+	}
+	return rep, nil
+}
+
+// RefundCall returns the refund script's KEYS and ARGV that give back the charges in
+// undo, made at now (Unix microseconds) for a request of cost units. keys are the
+// meters' keys, as passed to the decision script.
+func RefundCall(meters []Meter, keys []string, undo []Undo, now, cost int64) ([]string, []any) {
+	var ks []string
+	args := []any{strconv.FormatInt(now, 10), strconv.FormatInt(cost, 10), strconv.Itoa(len(undo))}
+	for _, u := range undo {
+		m := meters[u.Meter]
+		args = append(args, string(m.Algorithm()), m.Record, strconv.Itoa(len(m.Limits)))
+		args = appendLimitArgs(args, m)
+		ks = append(ks, keys[u.Meter])
+		ks = append(ks, u.Keys...)
+		args = append(args, strconv.Itoa(len(u.Keys)))
+		for k := range u.Keys {
+			args = append(args, u.Before[k], strconv.FormatInt(u.Expires[k], 10), u.After[k])
+		}
+		args = append(args, strconv.Itoa(len(u.Extra)))
+		for _, e := range u.Extra {
+			args = append(args, e)
+		}
+	}
+	return ks, args
+}
+
+type replyReader struct {
+	arr []any
+	pos int
+	err error
+}
+
+func (r *replyReader) next() any {
+	if r.err != nil {
+		return nil
+	}
+	if r.pos >= len(r.arr) {
+		r.err = fmt.Errorf("algo: decide reply too short: %d elements", len(r.arr))
+		return nil
+	}
+	v := r.arr[r.pos]
+	r.pos++
+	return v
+}
+
+func (r *replyReader) int() int64 {
+	switch v := r.next().(type) {
+	case int64:
+		return v
+	case nil:
+		return 0
+	default:
+		r.err = fmt.Errorf("algo: decide reply element %d is %T, want an integer", r.pos-1, v)
+		return 0
+	}
+}
+
+func (r *replyReader) str() string {
+	switch v := r.next().(type) {
+	case string:
+		return v
+	case nil:
+		return ""
+	default:
+		r.err = fmt.Errorf("algo: decide reply element %d is %T, want a string", r.pos-1, v)
+		return ""
+	}
+}
+
+// A Check is one request's meters, decided together: all are charged or none.
+type Check struct {
+	// Keys holds the key of each meter.
+	Keys   []string
+	Meters []Meter
+	// Cost is the request's weight in units (1 for most requests).
+	Cost int64
+	// Now is the decision time in Unix microseconds; 0 means the store's own clock (the
+	// Redis server's TIME).
+	Now int64
+}
+
+// An Outcome is the answer to a Check.
+type Outcome struct {
+	// Allowed reports whether the request was admitted (and every meter charged).
+	Allowed bool
+	// Decisions holds, per meter, one decision per limit.
+	Decisions [][]Decision
+	// Now is the time the decision was made at, in Unix microseconds.
+	Now int64
+}

@@ -1,0 +1,64 @@
+package algo
+
+import (
+	"math"
+	"time"
+)
+
+// slidingWindow estimates the units of the last Period from two aligned window
+// counters: estimate = prev*(P-elapsed)/P + cur, where elapsed is the time since the
+// current window began. It admits while estimate + cost <= Count. O(1) memory; the
+// estimate assumes the previous window's units were spread evenly. State: Window,
+// Count (cur), Prev. In Redis: one hash {w, c, p}.
+func slidingWindow(l Limit, s State, now, cost int64) (State, Decision) {
+	p, n := micros(l.Period), l.Count
+	w := floorDiv(now, p)
+	e := now - w*p
+	var cur, prev int64
+	if s.Set {
+		switch s.Window {
+		case w:
+			cur, prev = s.Count, s.Prev
+		case w - 1:
+			prev = s.Count
+		}
+	}
+	est := float64(prev)*float64(p-e)/float64(p) + float64(cur)
+	d := Decision{Limit: n, Period: l.Period}
+	if est+float64(cost) > float64(n) {
+		d.Remaining = max(0, int64(math.Floor(float64(n)-est)))
+		switch {
+		case cost > n:
+			d.RetryAfter = l.Period
+		case cur+cost <= n:
+			// Wait in this window until the previous window's weight has decayed enough.
+			t := math.Ceil(float64(p) - float64(n-cur-cost)*float64(p)/float64(prev))
+			d.RetryAfter = us(max(1, int64(t)-e))
+		default:
+			// Wait for the next window, where this window's count is the previous one.
+			t := int64(0)
+			if cur > 0 {
+				t = max(0, int64(math.Ceil(float64(p)-float64(n-cost)*float64(p)/float64(cur))))
+			}
+			d.RetryAfter = us((w+1)*p - now + t)
+		}
+		d.ResetAfter = slidingWindowReset(w, p, now, cur, prev)
+		return s, d
+	}
+	d.Allowed = true
+	d.Remaining = int64(math.Floor(float64(n) - est - float64(cost)))
+	d.ResetAfter = slidingWindowReset(w, p, now, cur+cost, prev)
+	ns := State{Set: true, Window: w, Count: cur + cost, Prev: prev, Expires: (w + 2) * p}
+	return ns, d
+}
+
+// slidingWindowReset is the time until both counters stop weighing on the estimate.
+func slidingWindowReset(w, p, now, cur, prev int64) time.Duration {
+	switch {
+	case cur > 0:
+		return us((w+2)*p - now)
+	case prev > 0:
+		return us((w+1)*p - now)
+	}
+	return 0
+}

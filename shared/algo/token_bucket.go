@@ -1,0 +1,34 @@
+package algo
+
+import "math"
+
+// tokenBucket holds up to Capacity tokens (Burst, or Count) and refills Count tokens
+// per Period continuously; a request takes cost tokens or is denied. An absent key is
+// a full bucket. State: Tokens, Time (last refill, µs). In Redis: one hash {t, s}.
+func tokenBucket(l Limit, s State, now, cost int64) (State, Decision) {
+	p, n, b := float64(micros(l.Period)), float64(l.Count), float64(l.Capacity())
+	tokens, last := b, float64(now)
+	if s.Set {
+		tokens, last = s.Tokens, s.Time
+	}
+	elapsed := math.Max(0, float64(now)-last)
+	avail := math.Min(b, tokens+elapsed*n/p)
+	d := Decision{Limit: l.Count, Period: l.Period}
+	if avail < float64(cost) {
+		d.Remaining = int64(math.Floor(avail))
+		if cost > l.Capacity() {
+			d.RetryAfter = l.Period
+		} else {
+			d.RetryAfter = ceilUs((float64(cost) - avail) * p / n)
+		}
+		d.ResetAfter = ceilUs((b - avail) * p / n)
+		return s, d
+	}
+	left := avail - float64(cost)
+	d.Allowed = true
+	d.Remaining = int64(math.Floor(left))
+	d.ResetAfter = ceilUs((b - left) * p / n)
+	ns := State{Set: true, Tokens: left, Time: math.Max(float64(now), last)}
+	ns.Expires = now + max(micros(d.ResetAfter), 1)
+	return ns, d
+}

@@ -1,0 +1,139 @@
+// Package memstore decides tollgate's meters in process with the Go models of
+// shared/algo: the store of local limits, of the degraded mode when Redis is down, and
+// of the Envoy filter's local fallback. It imports only the standard library and
+// shared/algo, and compiles for GOOS=wasip1.
+package memstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+)
+
+// DefaultMaxKeys bounds the number of keys a Store keeps when New is given 0.
+const DefaultMaxKeys = 100000
+
+// Store keeps meter states in a map. It is safe for simultaneous use. Expired states
+// are dropped as they are met and when the store is full; when the store is full of
+// live states, the oldest-expiring one is forgotten to make room (that client's limit
+// restarts from empty: the store errs toward admitting rather than growing without
+// bound).
+type Store struct {
+	mu     sync.Mutex
+	states map[string]algo.State
+	max    int
+	clock  func() time.Time
+}
+
+// New returns a store that keeps at most maxKeys keys (0: DefaultMaxKeys) and reads
+// the time from clock when a check carries none (nil: time.Now).
+func New(maxKeys int, clock func() time.Time) *Store {
+	if maxKeys <= 0 {
+		maxKeys = DefaultMaxKeys
+	}
+	if clock == nil {
+		clock = time.Now
+	}
+	return &Store{states: make(map[string]algo.State), max: maxKeys, clock: clock}
+}
+
+// Len returns the number of keys held, expired ones included until they are swept.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.states)
+}
+
+// State returns the state stored for key, if any and not expired at now (Unix µs).
+func (s *Store) State(key string, now int64) (algo.State, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.states[key]
+	if !ok || st.Expires <= now {
+		return algo.State{}, false
+	}
+	return st, true
+}
+
+// Reset forgets the state of the given keys.
+func (s *Store) Reset(keys ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range keys {
+		delete(s.states, k)
+	}
+}
+
+// Decide decides every meter of c together, all-or-nothing, as the Redis scripts do.
+func (s *Store) Decide(_ context.Context, c algo.Check) (algo.Outcome, error) {
+	if len(c.Keys) != len(c.Meters) {
+		return algo.Outcome{}, fmt.Errorf("memstore: %d keys for %d meters", len(c.Keys), len(c.Meters))
+	}
+	if c.Cost < 0 {
+		return algo.Outcome{}, errors.New("memstore: negative cost")
+	}
+	now := c.Now
+	if now == 0 {
+		now = s.clock().UnixMicro()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := algo.Outcome{Allowed: true, Now: now, Decisions: make([][]algo.Decision, len(c.Meters))}
+	next := make([]algo.State, len(c.Meters))
+	charge := make([]bool, len(c.Meters))
+	for i, m := range c.Meters {
+		st := s.states[c.Keys[i]]
+		if st.Set && st.Expires <= now {
+			// Every model treats a state past its expiry exactly like an absent key.
+			st = algo.State{}
+		}
+		ns, ds := m.StepMicros(st, now, c.Cost)
+		out.Decisions[i] = ds
+		if algo.Allowed(ds) {
+			next[i], charge[i] = ns, true
+		} else if !m.Shadow {
+			out.Allowed = false
+		}
+	}
+	if !out.Allowed || c.Cost == 0 {
+		return out, nil
+	}
+	for i := range c.Meters {
+		if !charge[i] {
+			continue
+		}
+		if !next[i].Set {
+			delete(s.states, c.Keys[i])
+			continue
+		}
+		if _, ok := s.states[c.Keys[i]]; !ok && len(s.states) >= s.max {
+			s.evict(now)
+		}
+		s.states[c.Keys[i]] = next[i]
+	}
+	return out, nil
+}
+
+// evict drops every expired state, and if none was, the state that expires first.
+func (s *Store) evict(now int64) {
+	var oldest string
+	oldestAt := int64(-1)
+	dropped := false
+	for k, st := range s.states {
+		if st.Expires <= now {
+			delete(s.states, k)
+			dropped = true
+			continue
+		}
+		if oldestAt < 0 || st.Expires < oldestAt {
+			oldest, oldestAt = k, st.Expires
+		}
+	}
+	if !dropped && oldestAt >= 0 {
+		delete(s.states, oldest)
+	}
+}

@@ -1,0 +1,147 @@
+package redisstore
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+)
+
+// Config configures the Redis client of a store. The zero value of every field but URL
+// takes the documented default.
+type Config struct {
+	// URL is redis://[user:password@]host:port[/db] or rediss:// for TLS. Add more
+	// nodes with ?addr=host:port (repeatable); cluster=true selects Redis Cluster;
+	// master_name=NAME selects Sentinel (the hosts are then the sentinels).
+	URL string
+	// Cluster forces Redis Cluster mode (REDIS_CLUSTER=true).
+	Cluster bool
+	// Timeout bounds each command's read and write (default 100ms); the decision's
+	// context deadline bounds it too.
+	Timeout time.Duration
+	// DialTimeout bounds connecting (default 500ms).
+	DialTimeout time.Duration
+	// PoolSize is the connections per node (default go-redis's: 10 per CPU).
+	PoolSize int
+	// ConnMaxLifetime recycles connections (default 1h: well before ElastiCache's 12h cut).
+	ConnMaxLifetime time.Duration
+	// CredentialsProvider, when set, supplies the username and password for every new
+	// connection (an ElastiCache IAM token or an AUTH token from Secrets Manager).
+	CredentialsProvider func() (username, password string)
+	// TLSConfig overrides the TLS settings of a rediss:// URL.
+	TLSConfig *tls.Config
+}
+
+// Options turns the configuration into go-redis universal options: retries off (a
+// retried script could charge twice), context deadlines honoured, maintenance
+// notifications and client identity off, so a decision is one command on one
+// connection.
+func (c Config) Options() (*redis.UniversalOptions, error) {
+	if c.URL == "" {
+		return nil, fmt.Errorf("redisstore: REDIS_URL is empty; set it to redis://host:6379 or rediss://host:6379")
+	}
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: REDIS_URL: %w", err)
+	}
+	if u.Scheme != "redis" && u.Scheme != "rediss" {
+		return nil, fmt.Errorf("redisstore: REDIS_URL scheme %q: use redis:// or rediss:// (TLS)", u.Scheme)
+	}
+	q := u.Query()
+	addrs := []string{u.Host}
+	addrs = append(addrs, q["addr"]...)
+	master := q.Get("master_name")
+	cluster := c.Cluster || q.Get("cluster") == "true"
+	// go-redis parses the user, password, db and TLS of the first node.
+	single := *u
+	sq := url.Values{}
+	single.RawQuery = sq.Encode()
+	base, err := redis.ParseURL(single.String())
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: REDIS_URL: %w", err)
+	}
+	for _, a := range addrs {
+		if a == "" || !strings.Contains(a, ":") {
+			return nil, fmt.Errorf("redisstore: REDIS_URL: address %q: want host:port", a)
+		}
+	}
+	o := &redis.UniversalOptions{
+		Addrs:                 addrs,
+		Username:              base.Username,
+		Password:              base.Password,
+		DB:                    base.DB,
+		TLSConfig:             base.TLSConfig,
+		MasterName:            master,
+		IsClusterMode:         cluster,
+		MaxRetries:            -1,
+		DialTimeout:           def(c.DialTimeout, 500*time.Millisecond),
+		ReadTimeout:           def(c.Timeout, 100*time.Millisecond),
+		WriteTimeout:          def(c.Timeout, 100*time.Millisecond),
+		ContextTimeoutEnabled: true,
+		PoolSize:              c.PoolSize,
+		ConnMaxLifetime:       def(c.ConnMaxLifetime, time.Hour),
+		DisableIdentity:       true,
+		MaxRedirects:          3,
+		MaintNotificationsConfig: &maintnotifications.Config{
+			Mode: maintnotifications.ModeDisabled,
+		},
+	}
+	if c.TLSConfig != nil {
+		o.TLSConfig = c.TLSConfig
+	}
+	if c.CredentialsProvider != nil {
+		o.CredentialsProvider = c.CredentialsProvider
+	}
+	if cluster && master != "" {
+		return nil, fmt.Errorf("redisstore: REDIS_URL: cluster=true and master_name are exclusive")
+	}
+	if cluster && o.DB != 0 {
+		return nil, fmt.Errorf("redisstore: REDIS_URL: Redis Cluster has only database 0")
+	}
+	return o, nil
+}
+
+// Open builds a client from the configuration and a store on it. It does not connect;
+// call Preload to connect and load the scripts.
+func Open(c Config) (*Store, error) {
+	o, err := c.Options()
+	if err != nil {
+		return nil, err
+	}
+	var client redis.UniversalClient
+	switch {
+	case o.IsClusterMode:
+		co := o.Cluster()
+		co.MaxRetries = -1
+		client = redis.NewClusterClient(co)
+	case o.MasterName != "":
+		client = redis.NewFailoverClient(o.Failover())
+	default:
+		client = redis.NewClient(o.Simple())
+	}
+	return New(client)
+}
+
+// Redact returns the URL without its password, for logs.
+func Redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparseable REDIS_URL)"
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}
+
+func def[T comparable](v, d T) T {
+	var zero T
+	if v == zero {
+		return d
+	}
+	return v
+}

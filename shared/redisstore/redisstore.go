@@ -1,0 +1,214 @@
+// Package redisstore decides tollgate's meters on Redis: standalone, Sentinel or
+// Cluster, through go-redis v9. Every request is one EVALSHA of the decision script per
+// cluster slot it touches; go-redis retries are off, because a retried script could
+// charge twice.
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+)
+
+// Store decides meters on Redis. A Store is safe for simultaneous use.
+type Store struct {
+	client  redis.UniversalClient
+	decide  *redis.Script
+	refund  *redis.Script
+	cluster bool
+}
+
+// New returns a store on client. A *redis.ClusterClient is decided slot by slot; any
+// other client runs every request in one script.
+func New(client redis.UniversalClient) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("redisstore: nil client")
+	}
+	_, cluster := client.(*redis.ClusterClient)
+	return &Store{
+		client:  client,
+		decide:  redis.NewScript(algo.DecideScript()),
+		refund:  redis.NewScript(algo.RefundScript()),
+		cluster: cluster,
+	}, nil
+}
+
+// Client returns the store's Redis client.
+func (s *Store) Client() redis.UniversalClient { return s.client }
+
+// Close closes the Redis client.
+func (s *Store) Close() error { return s.client.Close() }
+
+// Preload loads the scripts on every node (every master of a cluster), so the first
+// decisions run EVALSHA without a NOSCRIPT round trip.
+func (s *Store) Preload(ctx context.Context) error {
+	load := func(ctx context.Context, c redis.Scripter) error {
+		for _, sc := range []*redis.Script{s.decide, s.refund} {
+			if err := sc.Load(ctx, c).Err(); err != nil {
+				return fmt.Errorf("redisstore: load script: %w", err)
+			}
+		}
+		return nil
+	}
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return load(ctx, c) })
+	}
+	return load(ctx, s.client)
+}
+
+// Ping checks that Redis answers and that the decision script is loaded (on every
+// master of a cluster).
+func (s *Store) Ping(ctx context.Context) error {
+	check := func(ctx context.Context, c redis.Scripter) error {
+		ok, err := s.decide.Exists(ctx, c).Result()
+		if err != nil {
+			return fmt.Errorf("redisstore: ping: %w", err)
+		}
+		if len(ok) == 0 || !ok[0] {
+			return errors.New("redisstore: decision script not loaded")
+		}
+		return nil
+	}
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return check(ctx, c) })
+	}
+	return check(ctx, s.client)
+}
+
+// Decide decides every meter of c together. On one node (or when every key shares a
+// cluster slot) it is one script: all meters are checked, then charged only if none
+// denies. When the keys of a cluster request fall in several slots, the slots are
+// charged one after the other; when a later slot denies, the slots already charged are
+// refunded, so the request is never admitted in part. Between the charge and its
+// refund, other requests see the charge (they may be denied where they would not have
+// been); they are never admitted where they would not have been.
+func (s *Store) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) {
+	if len(c.Keys) != len(c.Meters) {
+		return algo.Outcome{}, fmt.Errorf("redisstore: %d keys for %d meters", len(c.Keys), len(c.Meters))
+	}
+	if len(c.Meters) == 0 {
+		return algo.Outcome{Allowed: true, Now: c.Now}, nil
+	}
+	if !s.cluster {
+		return s.run(ctx, c, false)
+	}
+	groups := slotGroups(c.Keys)
+	if len(groups) == 1 {
+		return s.run(ctx, c, false)
+	}
+	out := algo.Outcome{Allowed: true, Decisions: make([][]algo.Decision, len(c.Meters))}
+	var done []charged
+	for gi, g := range groups {
+		sub := subCheck(c, g)
+		if !out.Allowed {
+			// A slot already denied: peek at the rest (cost 0 charges nothing) so the
+			// caller still sees every limit's state.
+			sub.Cost = 0
+		}
+		rep, err := s.call(ctx, sub, out.Allowed)
+		if err != nil {
+			s.refundAll(ctx, done)
+			return algo.Outcome{}, err
+		}
+		if gi == 0 {
+			out.Now = rep.Now
+		}
+		for i, mi := range g {
+			out.Decisions[mi] = rep.Decisions[i]
+		}
+		if !out.Allowed {
+			continue
+		}
+		if !rep.Allowed {
+			out.Allowed = false
+			if err := s.refundAll(ctx, done); err != nil {
+				return algo.Outcome{}, err
+			}
+			continue
+		}
+		done = append(done, charged{sub, rep})
+	}
+	return out, nil
+}
+
+// charged is one slot's part of a request, charged with undo data.
+type charged struct {
+	sub   algo.Check
+	reply algo.Reply
+}
+
+func (s *Store) refundAll(ctx context.Context, done []charged) error {
+	var errs []error
+	for _, d := range done {
+		if len(d.reply.Undo) == 0 {
+			continue
+		}
+		keys, args := algo.RefundCall(d.sub.Meters, d.sub.Keys, d.reply.Undo, d.reply.Now, d.sub.Cost)
+		// The refund must run even if the request's deadline has passed: a lost refund
+		// leaves units charged for a request that was denied.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		err := s.refund.Run(rctx, s.client, keys, args...).Err()
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("redisstore: refund %q: %w", keys[0], err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Store) run(ctx context.Context, c algo.Check, undo bool) (algo.Outcome, error) {
+	rep, err := s.call(ctx, c, undo)
+	if err != nil {
+		return algo.Outcome{}, err
+	}
+	return algo.Outcome{Allowed: rep.Allowed, Decisions: rep.Decisions, Now: rep.Now}, nil
+}
+
+func (s *Store) call(ctx context.Context, c algo.Check, undo bool) (algo.Reply, error) {
+	args := algo.DecideArgs(c.Meters, c.Cost, c.Now, undo)
+	v, err := s.decide.Run(ctx, s.client, c.Keys, args...).Result()
+	if err != nil {
+		return algo.Reply{}, fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], err)
+	}
+	rep, err := algo.ParseDecideReply(v, c.Meters)
+	if err != nil {
+		return algo.Reply{}, fmt.Errorf("redisstore: decision script for %q: %w", c.Keys[0], err)
+	}
+	return rep, nil
+}
+
+// slotGroups returns the indexes of keys grouped by cluster slot, in order of first
+// appearance.
+func slotGroups(keys []string) [][]int {
+	var groups [][]int
+	slots := map[int]int{}
+	for i, k := range keys {
+		sl := algo.Slot(k)
+		g, ok := slots[sl]
+		if !ok {
+			g = len(groups)
+			slots[sl] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}
+
+func subCheck(c algo.Check, idx []int) algo.Check {
+	sub := algo.Check{Cost: c.Cost, Now: c.Now}
+	for _, i := range idx {
+		sub.Keys = append(sub.Keys, c.Keys[i])
+		sub.Meters = append(sub.Meters, c.Meters[i])
+	}
+	return sub
+}
+
+// IsCluster reports whether the store decides slot by slot.
+func (s *Store) IsCluster() bool { return s.cluster }
+
