@@ -1,0 +1,398 @@
+// Package decision is tollgate's HTTP decision protocol: POST /v1/check answers 200 or
+// 429 with the RateLimit headers, plus admin (/v1/state, /v1/reset), health
+// (/healthz, /readyz) and Prometheus metrics (/metrics). The same handler serves the
+// Lambda Function URL and the plain local server.
+package decision
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/engine"
+)
+
+// MaxBody is the largest request body accepted, in bytes.
+const MaxBody = 16 << 10
+
+// DelayHeader carries a leaky-bucket shaping delay, in milliseconds.
+const DelayHeader = "X-Tollgate-Delay-Ms"
+
+// Admin is what the admin endpoints need from the store.
+type Admin interface {
+	// Records returns the recorded values of meter m at key, with their units.
+	Records(ctx context.Context, key string, m algo.Meter) (map[string]int64, error)
+	// Reset deletes the state of the meters at keys.
+	Reset(ctx context.Context, keys []string, meters []algo.Meter) error
+}
+
+// Options configures the handler. The zero value serves /v1/check, /healthz and an
+// always-ready /readyz, with no admin and no metrics.
+type Options struct {
+	// AdminToken enables /v1/state and /v1/reset for requests carrying
+	// "Authorization: Bearer <AdminToken>". Empty disables them (404).
+	AdminToken string
+	// Admin serves the admin endpoints; required when AdminToken is set.
+	Admin Admin
+	// Ready reports whether the service can decide (Redis reachable, scripts loaded).
+	Ready func(ctx context.Context) error
+	// Registry serves /metrics when set.
+	Registry *prometheus.Registry
+	// Logger logs requests that fail on the server side (default slog.Default()).
+	Logger *slog.Logger
+}
+
+type handler struct {
+	eng  *engine.Engine
+	opts Options
+	log  *slog.Logger
+}
+
+// NewHandler returns the decision service's handler on eng.
+func NewHandler(eng *engine.Engine, opts Options) http.Handler {
+	h := &handler{eng: eng, opts: opts, log: opts.Logger}
+	if h.log == nil {
+		h.log = slog.Default()
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/check", h.check)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, map[string]string{"status": "ok"}) })
+	mux.HandleFunc("GET /readyz", h.ready)
+	if opts.AdminToken != "" && opts.Admin != nil {
+		mux.HandleFunc("POST /v1/state", h.admin(h.state))
+		mux.HandleFunc("POST /v1/reset", h.admin(h.reset))
+	}
+	if opts.Registry != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
+	}
+	return mux
+}
+
+// CheckRequest is the body of POST /v1/check.
+type CheckRequest struct {
+	Domain     string            `json:"domain"`
+	Attributes map[string]string `json:"attributes"`
+	// Cost defaults to 1 when absent.
+	Cost *int64 `json:"cost,omitempty"`
+}
+
+// LimitJSON is one limit's decision in a response.
+type LimitJSON struct {
+	Rule         string `json:"rule"`
+	Algorithm    string `json:"algorithm"`
+	Allowed      bool   `json:"allowed"`
+	Shadow       bool   `json:"shadow"`
+	Limit        int64  `json:"limit"`
+	WindowMs     int64  `json:"window_ms"`
+	Remaining    int64  `json:"remaining"`
+	ResetAfterMs int64  `json:"reset_after_ms"`
+	RetryAfterMs int64  `json:"retry_after_ms"`
+	DelayMs      int64  `json:"delay_ms"`
+}
+
+// CheckResponse is the body of a /v1/check answer.
+type CheckResponse struct {
+	Allowed      bool        `json:"allowed"`
+	Domain       string      `json:"domain"`
+	Rule         string      `json:"rule,omitempty"`
+	Reason       string      `json:"reason,omitempty"`
+	Limit        int64       `json:"limit"`
+	Remaining    int64       `json:"remaining"`
+	ResetAfterMs int64       `json:"reset_after_ms"`
+	RetryAfterMs int64       `json:"retry_after_ms"`
+	DelayMs      int64       `json:"delay_ms"`
+	Degraded     bool        `json:"degraded"`
+	Cached       bool        `json:"cached,omitempty"`
+	Limits       []LimitJSON `json:"limits"`
+}
+
+// ErrorResponse is the body of a 4xx/5xx answer.
+type ErrorResponse struct {
+	Error string `json:"error"`
+	Field string `json:"field,omitempty"`
+}
+
+// ms rounds a duration up to whole milliseconds.
+func ms(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// ParseCheckRequest decodes and checks a /v1/check body. Errors name the field.
+func ParseCheckRequest(body []byte) (engine.Request, *ErrorResponse) {
+	if len(body) > MaxBody {
+		return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("body is larger than %d bytes", MaxBody)}
+	}
+	if !utf8.Valid(body) {
+		return engine.Request{}, &ErrorResponse{Error: "body is not valid UTF-8"}
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	var cr CheckRequest
+	if err := dec.Decode(&cr); err != nil {
+		return engine.Request{}, jsonError(err)
+	}
+	if dec.More() {
+		return engine.Request{}, &ErrorResponse{Error: "body holds more than one JSON value"}
+	}
+	if cr.Domain == "" {
+		return engine.Request{}, &ErrorResponse{Error: `domain is required, e.g. {"domain": "public-api", "attributes": {...}}`, Field: "domain"}
+	}
+	if len(cr.Attributes) > engine.MaxAttributes {
+		return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("%d attributes; at most %d", len(cr.Attributes), engine.MaxAttributes), Field: "attributes"}
+	}
+	for k, v := range cr.Attributes {
+		if len(v) > engine.MaxValueLength || len(k) > engine.MaxValueLength {
+			return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("value longer than %d bytes", engine.MaxValueLength), Field: "attributes." + truncate(k, 64)}
+		}
+	}
+	r := engine.Request{Domain: cr.Domain, Attributes: cr.Attributes, Cost: 1}
+	if cr.Cost != nil {
+		r.Cost = *cr.Cost
+		if r.Cost < 0 || r.Cost > engine.MaxCost {
+			return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("cost must be from 0 to %d", engine.MaxCost), Field: "cost"}
+		}
+	}
+	return r, nil
+}
+
+func jsonError(err error) *ErrorResponse {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		field := te.Field
+		return &ErrorResponse{Error: fmt.Sprintf("%s must be %s, not a JSON %s", field, want(field), te.Value), Field: field}
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return &ErrorResponse{Error: fmt.Sprintf("malformed JSON at byte %d: %v", se.Offset, err)}
+	}
+	if msg := err.Error(); strings.HasPrefix(msg, "json: unknown field ") {
+		f := strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)
+		return &ErrorResponse{Error: fmt.Sprintf("unknown field %q; known fields: domain, attributes, cost", f), Field: f}
+	}
+	if errors.Is(err, io.EOF) {
+		return &ErrorResponse{Error: "empty body; send {\"domain\": ..., \"attributes\": {...}, \"cost\": 1}"}
+	}
+	return &ErrorResponse{Error: "malformed JSON: " + err.Error()}
+}
+
+func want(field string) string {
+	switch {
+	case field == "domain":
+		return "a string"
+	case field == "cost":
+		return "a whole number"
+	case field == "attributes":
+		return "an object of strings"
+	case strings.HasPrefix(field, "attributes."):
+		return "a string"
+	}
+	return "of another type"
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+func (h *handler) check(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: "reading body: " + err.Error()})
+		return
+	}
+	req, perr := ParseCheckRequest(body)
+	if perr != nil {
+		writeJSON(w, http.StatusBadRequest, perr)
+		return
+	}
+	v, err := h.eng.Check(r.Context(), req)
+	if err != nil {
+		if errors.Is(err, engine.ErrBadRequest) {
+			field := ""
+			if errors.Is(err, engine.ErrUnknownDomain) {
+				field = "domain"
+			}
+			writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: err.Error(), Field: field})
+			return
+		}
+		h.log.Error("check failed", "err", err)
+		writeJSON(w, http.StatusInternalServerError, ErrorResponse{Error: "internal error"})
+		return
+	}
+	status := http.StatusOK
+	switch {
+	case v.Reason == engine.ReasonUnavailable:
+		status = http.StatusServiceUnavailable
+	case !v.Allowed:
+		status = http.StatusTooManyRequests
+	}
+	for _, kv := range v.Headers {
+		w.Header().Set(kv[0], kv[1])
+	}
+	if v.Delay > 0 {
+		w.Header().Set(DelayHeader, strconv.FormatInt(ms(v.Delay), 10))
+	}
+	writeJSON(w, status, Response(req.Domain, v))
+}
+
+// Response builds the JSON body of a verdict.
+func Response(domain string, v engine.Verdict) CheckResponse {
+	cr := CheckResponse{
+		Allowed:      v.Allowed,
+		Domain:       domain,
+		Rule:         v.Rule,
+		Reason:       v.Reason,
+		Limit:        v.Decision.Limit,
+		Remaining:    max(0, v.Decision.Remaining),
+		ResetAfterMs: ms(v.Decision.ResetAfter),
+		RetryAfterMs: ms(v.Decision.RetryAfter),
+		DelayMs:      ms(v.Delay),
+		Degraded:     v.Degraded,
+		Cached:       v.Cached,
+		Limits:       make([]LimitJSON, 0, len(v.Limits)),
+	}
+	for _, l := range v.Limits {
+		cr.Limits = append(cr.Limits, LimitJSON{
+			Rule: l.Rule, Algorithm: string(l.Algorithm), Allowed: l.Allowed, Shadow: l.Shadow,
+			Limit: l.Limit, WindowMs: ms(l.Period), Remaining: max(0, l.Remaining),
+			ResetAfterMs: ms(l.ResetAfter), RetryAfterMs: ms(l.RetryAfter), DelayMs: ms(l.Delay),
+		})
+	}
+	return cr
+}
+
+func (h *handler) ready(w http.ResponseWriter, r *http.Request) {
+	if h.opts.Ready != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		if err := h.opts.Ready(ctx); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "error": err.Error()})
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready", "breaker": h.eng.BreakerState()})
+}
+
+func (h *handler) admin(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(h.opts.AdminToken)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tollgate-admin"`)
+			writeJSON(w, http.StatusUnauthorized, ErrorResponse{Error: "admin endpoints need Authorization: Bearer <TOLLGATE_ADMIN_TOKEN>"})
+			return
+		}
+		next(w, r)
+	}
+}
+
+// StateResponse is the body of a /v1/state answer.
+type StateResponse struct {
+	Domain string         `json:"domain"`
+	Limits []LimitState   `json:"limits"`
+	Check  CheckResponse  `json:"check"`
+	Keys   []string       `json:"keys"`
+	Extra  map[string]any `json:"-"`
+}
+
+// LimitState is one meter's state with its recorded values.
+type LimitState struct {
+	Key     string           `json:"key"`
+	Records map[string]int64 `json:"records,omitempty"`
+}
+
+func (h *handler) adminRequest(w http.ResponseWriter, r *http.Request) (engine.Request, bool) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: "reading body: " + err.Error()})
+		return engine.Request{}, false
+	}
+	req, perr := ParseCheckRequest(body)
+	if perr != nil {
+		writeJSON(w, http.StatusBadRequest, perr)
+		return engine.Request{}, false
+	}
+	return req, true
+}
+
+func (h *handler) state(w http.ResponseWriter, r *http.Request) {
+	req, ok := h.adminRequest(w, r)
+	if !ok {
+		return
+	}
+	v, keys, err := h.eng.Peek(r.Context(), req.Domain, req.Attributes)
+	if err != nil {
+		h.writeEngineError(w, err)
+		return
+	}
+	_, meters, _ := h.eng.Keys(req.Domain, req.Attributes)
+	sr := StateResponse{Domain: req.Domain, Check: Response(req.Domain, v), Keys: keys}
+	for i, k := range keys {
+		ls := LimitState{Key: k}
+		if meters[i].Record != "" || meters[i].Algorithm().CanRecord() {
+			recs, err := h.opts.Admin.Records(r.Context(), k, meters[i])
+			if err != nil {
+				h.writeEngineError(w, err)
+				return
+			}
+			ls.Records = recs
+		}
+		sr.Limits = append(sr.Limits, ls)
+	}
+	writeJSON(w, http.StatusOK, sr)
+}
+
+func (h *handler) reset(w http.ResponseWriter, r *http.Request) {
+	req, ok := h.adminRequest(w, r)
+	if !ok {
+		return
+	}
+	keys, meters, err := h.eng.Keys(req.Domain, req.Attributes)
+	if err != nil {
+		h.writeEngineError(w, err)
+		return
+	}
+	if err := h.opts.Admin.Reset(r.Context(), keys, meters); err != nil {
+		h.writeEngineError(w, err)
+		return
+	}
+	h.eng.Forget(keys)
+	writeJSON(w, http.StatusOK, map[string]any{"reset": keys})
+}
+
+func (h *handler) writeEngineError(w http.ResponseWriter, err error) {
+	if errors.Is(err, engine.ErrBadRequest) {
+		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: err.Error()})
+		return
+	}
+	h.log.Error("admin request failed", "err", err)
+	writeJSON(w, http.StatusServiceUnavailable, ErrorResponse{Error: "store unavailable: " + err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":"internal error"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}

@@ -1,0 +1,89 @@
+package decision
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/policy"
+)
+
+// Metrics are the decision service's Prometheus metrics.
+type Metrics struct {
+	decisions    *prometheus.CounterVec
+	latency      prometheus.Histogram
+	redis        prometheus.Histogram
+	redisErrors  prometheus.Counter
+	failureModes *prometheus.CounterVec
+	breaker      *prometheus.GaugeVec
+	denyHits     prometheus.Counter
+}
+
+// NewMetrics registers the metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_decisions_total", Help: "Decisions by domain, deciding rule and result (allowed, denied, unavailable).",
+		}, []string{"domain", "rule", "result"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tollgate_decision_seconds", Help: "Time to decide one request, store included.",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 14),
+		}),
+		redis: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tollgate_redis_seconds", Help: "Latency of one store round trip (the decision script).",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 14),
+		}),
+		redisErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_redis_errors_total", Help: "Store round trips that failed or timed out.",
+		}),
+		failureModes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_failure_mode_activations_total", Help: "Requests decided by the failure mode because the store failed or the breaker was open.",
+		}, []string{"mode"}),
+		breaker: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tollgate_breaker_state", Help: "1 for the circuit breaker's current state (closed, half-open, open).",
+		}, []string{"state"}),
+		denyHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_deny_cache_hits_total", Help: "Requests denied from the in-process deny cache without a store round trip.",
+		}),
+	}
+	reg.MustRegister(m.decisions, m.latency, m.redis, m.redisErrors, m.failureModes, m.breaker, m.denyHits)
+	m.setBreaker("closed")
+	return m
+}
+
+func (m *Metrics) setBreaker(state string) {
+	for _, s := range []string{"closed", "half-open", "open"} {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		m.breaker.WithLabelValues(s).Set(v)
+	}
+}
+
+// Hooks returns engine hooks that feed the metrics.
+func (m *Metrics) Hooks() engine.Hooks {
+	return engine.Hooks{
+		Decided: func(domain string, v engine.Verdict, took time.Duration) {
+			result := "allowed"
+			switch {
+			case v.Reason == engine.ReasonUnavailable:
+				result = "unavailable"
+			case !v.Allowed:
+				result = "denied"
+			}
+			m.decisions.WithLabelValues(domain, v.Rule, result).Inc()
+			m.latency.Observe(took.Seconds())
+		},
+		StoreCall: func(took time.Duration, err error) {
+			m.redis.Observe(took.Seconds())
+			if err != nil {
+				m.redisErrors.Inc()
+			}
+		},
+		FailureMode:  func(mode policy.FailureMode) { m.failureModes.WithLabelValues(string(mode)).Inc() },
+		DenyCacheHit: func() { m.denyHits.Inc() },
+		BreakerState: m.setBreaker,
+	}
+}

@@ -1,0 +1,122 @@
+package engine
+
+import (
+	"sync"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+)
+
+// denyCache remembers store keys that denied, until the time their request could be
+// admitted again, so a blocked client's requests are answered without the store. It
+// holds at most max entries; when full, expired entries are dropped, and if none had
+// expired the new entry is not kept (the store still decides correctly).
+type denyCache struct {
+	mu      sync.Mutex
+	entries map[string]denial
+	max     int
+}
+
+type denial struct {
+	until int64 // Unix µs
+	rule  string
+	d     algo.Decision
+}
+
+func newDenyCache(max int) *denyCache {
+	if max <= 0 {
+		max = 100000
+	}
+	return &denyCache{entries: make(map[string]denial), max: max}
+}
+
+func (c *denyCache) get(key string, now int64) (denial, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.entries[key]
+	if !ok {
+		return denial{}, false
+	}
+	if d.until <= now {
+		delete(c.entries, key)
+		return denial{}, false
+	}
+	return d, true
+}
+
+func (c *denyCache) put(key string, d denial, now int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.entries[key]; !ok && len(c.entries) >= c.max {
+		for k, e := range c.entries {
+			if e.until <= now {
+				delete(c.entries, k)
+			}
+		}
+		if len(c.entries) >= c.max {
+			return
+		}
+	}
+	c.entries[key] = d
+}
+
+func (c *denyCache) forget(keys []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, k := range keys {
+		delete(c.entries, k)
+	}
+}
+
+// fromDenyCache answers a request from the deny cache when one of its non-shadow keys
+// is still denied.
+func (e *Engine) fromDenyCache(m matched, now int64) (Verdict, bool) {
+	if e.deny == nil || m.check.Cost == 0 {
+		return Verdict{}, false
+	}
+	for i, k := range m.check.Keys {
+		if m.shadow[i] {
+			continue
+		}
+		den, ok := e.deny.get(k, now)
+		if !ok {
+			continue
+		}
+		d := den.d
+		left := time.Duration(den.until-now) * time.Microsecond
+		d.RetryAfter = left
+		d.ResetAfter = max(d.ResetAfter-(d.RetryAfter-left), left)
+		if e.hooks.DenyCacheHit != nil {
+			e.hooks.DenyCacheHit()
+		}
+		return Verdict{
+			Reason:   ReasonOverLimit,
+			Cached:   true,
+			Rule:     den.rule,
+			Decision: d,
+			Limits:   []LimitResult{{Rule: den.rule, Algorithm: m.check.Meters[i].Algorithm(), Decision: d}},
+			Headers:  algo.Headers(den.rule, d),
+		}, true
+	}
+	return Verdict{}, false
+}
+
+// remember puts the keys that denied a request in the deny cache, until their retry.
+func (e *Engine) remember(m matched, out algo.Outcome, now int64) {
+	if e.deny == nil || out.Allowed {
+		return
+	}
+	for i, ds := range out.Decisions {
+		if m.shadow[i] {
+			continue
+		}
+		for _, d := range ds {
+			if d.Allowed || d.RetryAfter <= 0 {
+				continue
+			}
+			// The store's clock decided; count the retry from ours.
+			e.deny.put(m.check.Keys[i], denial{until: now + int64(d.RetryAfter/time.Microsecond), rule: m.rules[i].Name, d: d}, now)
+			break
+		}
+	}
+}

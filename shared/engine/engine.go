@@ -1,0 +1,394 @@
+// Package engine decides requests: it applies a policy to a request's attributes,
+// decides every matched limit together in the store (Redis) within the policy's
+// timeout, and falls back to the policy's failure mode when the store fails, behind a
+// circuit breaker. Denied keys are remembered in process until they can be retried, so
+// a blocked client costs no store round trip.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/memstore"
+	"github.com/tollgate-dev/tollgate/shared/policy"
+)
+
+// Store decides the meters of one request together, all-or-nothing.
+type Store interface {
+	Decide(ctx context.Context, c algo.Check) (algo.Outcome, error)
+}
+
+// Request limits on what a caller may send; larger requests are rejected as
+// ErrBadRequest.
+const (
+	MaxAttributes  = 64
+	MaxValueLength = 1024
+	MaxCost        = 1 << 20
+)
+
+// Errors of Check. A caller's mistake wraps ErrBadRequest.
+var (
+	ErrBadRequest    = errors.New("bad request")
+	ErrUnknownDomain = fmt.Errorf("%w: unknown domain", ErrBadRequest)
+)
+
+// Reasons a Verdict gives for a denial.
+const (
+	ReasonOverLimit   = "over_limit"
+	ReasonUnavailable = "unavailable"
+)
+
+// Request is one request to decide.
+type Request struct {
+	Domain     string
+	Attributes map[string]string
+	// Cost is the request's weight in units; 0 peeks without charging.
+	Cost int64
+}
+
+// LimitResult is one limit's decision within a verdict.
+type LimitResult struct {
+	Rule      string
+	Algorithm algo.Algorithm
+	Shadow    bool
+	algo.Decision
+}
+
+// Verdict is the answer to a Request.
+type Verdict struct {
+	// Allowed reports whether the request may proceed (after Delay).
+	Allowed bool
+	// Reason is empty when allowed, else ReasonOverLimit or ReasonUnavailable.
+	Reason string
+	// Degraded reports that the store failed and the failure mode decided.
+	Degraded bool
+	// Cached reports that the deny cache answered without the store.
+	Cached bool
+	// Rule names the rule of the deciding limit ("" when no rule matched).
+	Rule string
+	// Decision is the deciding limit's decision: on a denial the non-shadow denial
+	// with the longest retry; when allowed the limit with the least remaining.
+	Decision algo.Decision
+	// Delay is how long to hold the request before forwarding it (leaky_bucket).
+	Delay time.Duration
+	// Limits holds every matched limit's decision, shadow ones included.
+	Limits []LimitResult
+	// Headers are the response headers for the deciding limit.
+	Headers [][2]string
+}
+
+// Hooks receive the engine's events for metrics; every field may be nil.
+type Hooks struct {
+	// Decided is called once per Check with the verdict and the time it took.
+	Decided func(domain string, v Verdict, took time.Duration)
+	// StoreCall is called after every store round trip with its latency and error.
+	StoreCall func(took time.Duration, err error)
+	// FailureMode is called when the failure mode decides a request.
+	FailureMode func(mode policy.FailureMode)
+	// DenyCacheHit is called when the deny cache answers.
+	DenyCacheHit func()
+	// BreakerState is called when the circuit breaker changes state.
+	BreakerState func(state string)
+}
+
+// Config configures an Engine.
+type Config struct {
+	// Policy is required.
+	Policy *policy.Policy
+	// Store is the shared store (Redis). Nil decides everything in process.
+	Store Store
+	// Clock reads the time for the deny cache and the in-process store (default
+	// time.Now). Store decisions use the store's own clock.
+	Clock func() time.Time
+	// Logger receives warnings about store failures (default slog.Default()).
+	Logger *slog.Logger
+	// Hooks receive metrics events.
+	Hooks Hooks
+}
+
+// Engine decides requests. It is safe for simultaneous use.
+type Engine struct {
+	pol     *policy.Policy
+	store   Store
+	local   *memstore.Store
+	breaker *gobreaker.CircuitBreaker[algo.Outcome]
+	deny    *denyCache
+	clock   func() time.Time
+	log     *slog.Logger
+	hooks   Hooks
+}
+
+// New returns an engine for cfg.
+func New(cfg Config) (*Engine, error) {
+	if cfg.Policy == nil {
+		return nil, errors.New("engine: nil policy")
+	}
+	e := &Engine{
+		pol:   cfg.Policy,
+		store: cfg.Store,
+		clock: cfg.Clock,
+		log:   cfg.Logger,
+		hooks: cfg.Hooks,
+	}
+	if e.clock == nil {
+		e.clock = time.Now
+	}
+	if e.log == nil {
+		e.log = slog.Default()
+	}
+	e.local = memstore.New(max(cfg.Policy.DenyCache.MaxEntries, memstore.DefaultMaxKeys), e.clock)
+	if cfg.Policy.DenyCache.Enabled {
+		e.deny = newDenyCache(cfg.Policy.DenyCache.MaxEntries)
+	}
+	b := cfg.Policy.Failure.Breaker
+	e.breaker = gobreaker.NewCircuitBreaker[algo.Outcome](gobreaker.Settings{
+		Name:        "redis",
+		MaxRequests: 1,
+		Timeout:     b.OpenFor,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return int(c.ConsecutiveFailures) >= max(1, b.Failures) },
+		IsSuccessful: func(err error) bool {
+			// A caller that went away is no sign of a sick store.
+			return err == nil || errors.Is(err, context.Canceled)
+		},
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			e.log.Warn("circuit breaker changed state", "from", from.String(), "to", to.String())
+			if e.hooks.BreakerState != nil {
+				e.hooks.BreakerState(to.String())
+			}
+		},
+	})
+	return e, nil
+}
+
+// Policy returns the engine's policy.
+func (e *Engine) Policy() *policy.Policy { return e.pol }
+
+// BreakerState returns the circuit breaker's state: "closed", "half-open" or "open".
+func (e *Engine) BreakerState() string { return e.breaker.State().String() }
+
+// ValidateRequest reports a caller's mistake in r, wrapping ErrBadRequest and naming
+// the field.
+func (e *Engine) ValidateRequest(r Request) error {
+	if r.Domain != e.pol.Domain {
+		return fmt.Errorf("%w %q: this service decides domain %q", ErrUnknownDomain, r.Domain, e.pol.Domain)
+	}
+	if r.Cost < 0 || r.Cost > MaxCost {
+		return fmt.Errorf("%w: cost %d: must be from 0 to %d", ErrBadRequest, r.Cost, MaxCost)
+	}
+	if len(r.Attributes) > MaxAttributes {
+		return fmt.Errorf("%w: attributes: %d attributes, at most %d", ErrBadRequest, len(r.Attributes), MaxAttributes)
+	}
+	for k, v := range r.Attributes {
+		if len(k) > MaxValueLength || len(v) > MaxValueLength {
+			return fmt.Errorf("%w: attributes.%.64s: longer than %d bytes", ErrBadRequest, k, MaxValueLength)
+		}
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return fmt.Errorf("%w: attributes.%q: not valid UTF-8", ErrBadRequest, k)
+		}
+	}
+	return nil
+}
+
+// matched is a request's meters with what each belongs to.
+type matched struct {
+	check  algo.Check
+	rules  []*policy.Rule // per meter
+	shadow []bool         // per meter
+}
+
+func (e *Engine) match(r Request) matched {
+	var m matched
+	m.check.Cost = r.Cost
+	for _, mt := range e.pol.Match(r.Attributes) {
+		for i, mr := range mt.Meters {
+			m.check.Keys = append(m.check.Keys, mt.Keys[i])
+			m.check.Meters = append(m.check.Meters, mr)
+			m.rules = append(m.rules, mt.Rule)
+			m.shadow = append(m.shadow, mt.Rule.Shadow)
+		}
+	}
+	return m
+}
+
+// Check decides r. Being over a limit is a Verdict, not an error; the error is
+// ErrBadRequest (wrapped) for a caller's mistake. A store failure is never an error:
+// the policy's failure mode decides and the verdict says Degraded.
+func (e *Engine) Check(ctx context.Context, r Request) (Verdict, error) {
+	start := e.clock()
+	if err := e.ValidateRequest(r); err != nil {
+		return Verdict{}, err
+	}
+	m := e.match(r)
+	if len(m.check.Meters) == 0 {
+		v := Verdict{Allowed: true}
+		e.decided(r.Domain, v, start)
+		return v, nil
+	}
+	now := start.UnixMicro()
+	if v, ok := e.fromDenyCache(m, now); ok {
+		e.decided(r.Domain, v, start)
+		return v, nil
+	}
+	out, err := e.decideInStore(ctx, m.check)
+	var v Verdict
+	if err != nil {
+		v = e.failureMode(ctx, m, now, err)
+	} else {
+		v = e.verdict(m, out)
+		e.remember(m, out, now)
+	}
+	e.decided(r.Domain, v, start)
+	return v, nil
+}
+
+func (e *Engine) decided(domain string, v Verdict, start time.Time) {
+	if e.hooks.Decided != nil {
+		e.hooks.Decided(domain, v, e.clock().Sub(start))
+	}
+}
+
+// decideInStore runs the check in the store, within the policy's timeout and behind
+// the circuit breaker.
+func (e *Engine) decideInStore(ctx context.Context, c algo.Check) (algo.Outcome, error) {
+	if e.store == nil {
+		return e.local.Decide(ctx, c)
+	}
+	return e.breaker.Execute(func() (algo.Outcome, error) {
+		tctx, cancel := context.WithTimeout(ctx, e.pol.Failure.Timeout)
+		defer cancel()
+		t0 := time.Now()
+		out, err := e.store.Decide(tctx, c)
+		if e.hooks.StoreCall != nil {
+			e.hooks.StoreCall(time.Since(t0), err)
+		}
+		return out, err
+	})
+}
+
+// failureMode decides a request whose store decision failed.
+func (e *Engine) failureMode(ctx context.Context, m matched, now int64, cause error) Verdict {
+	mode := e.pol.Failure.Mode
+	if !errors.Is(cause, gobreaker.ErrOpenState) && !errors.Is(cause, gobreaker.ErrTooManyRequests) {
+		e.log.Warn("store decision failed; applying the failure mode", "mode", string(mode), "err", cause)
+	}
+	if e.hooks.FailureMode != nil {
+		e.hooks.FailureMode(mode)
+	}
+	switch mode {
+	case policy.FailClosed:
+		v := Verdict{Reason: ReasonUnavailable, Degraded: true}
+		v.Decision = algo.Decision{RetryAfter: time.Second}
+		v.Headers = [][2]string{{"Retry-After", "1"}}
+		return v
+	case policy.FailLocal:
+		c := m.check
+		c.Now = now
+		c.Meters = make([]algo.Meter, len(m.check.Meters))
+		for i, mt := range m.check.Meters {
+			c.Meters[i] = policy.Scale(mt, e.pol.Failure.ExpectedInstances)
+		}
+		out, err := e.local.Decide(ctx, c)
+		if err != nil {
+			// The in-process store fails only on a malformed check; admit, as open does.
+			e.log.Error("in-process decision failed", "err", err)
+			return Verdict{Allowed: true, Degraded: true}
+		}
+		v := e.verdict(matched{check: c, rules: m.rules, shadow: m.shadow}, out)
+		v.Degraded = true
+		return v
+	default:
+		return Verdict{Allowed: true, Degraded: true}
+	}
+}
+
+// verdict turns a store outcome into a verdict: the most restrictive decision, every
+// limit's detail, and the headers.
+func (e *Engine) verdict(m matched, out algo.Outcome) Verdict {
+	v := Verdict{Allowed: out.Allowed}
+	best := -1
+	var bestD algo.Decision
+	for i, ds := range out.Decisions {
+		mt := m.check.Meters[i]
+		for j, d := range ds {
+			v.Limits = append(v.Limits, LimitResult{Rule: m.rules[i].Name, Algorithm: mt.Limits[j].Algorithm, Shadow: m.shadow[i], Decision: d})
+			if m.shadow[i] {
+				continue
+			}
+			if out.Allowed {
+				v.Delay = max(v.Delay, d.Delay)
+			}
+			if best < 0 || moreRestrictive(d, bestD, out.Allowed) {
+				best, bestD = len(v.Limits)-1, d
+			}
+		}
+	}
+	if best < 0 {
+		// Only shadow limits matched: nothing to report in the headers.
+		return v
+	}
+	v.Rule = v.Limits[best].Rule
+	v.Decision = bestD
+	if !v.Allowed {
+		v.Reason = ReasonOverLimit
+		v.Delay = 0
+	}
+	v.Headers = algo.Headers(v.Rule, bestD)
+	return v
+}
+
+// moreRestrictive reports whether d should be reported instead of cur.
+func moreRestrictive(d, cur algo.Decision, allowed bool) bool {
+	if !allowed {
+		if d.Allowed != cur.Allowed {
+			return !d.Allowed
+		}
+		return d.RetryAfter > cur.RetryAfter
+	}
+	if d.Remaining != cur.Remaining {
+		return d.Remaining < cur.Remaining
+	}
+	return d.ResetAfter > cur.ResetAfter
+}
+
+// Peek returns the current decisions for attrs without charging anything.
+func (e *Engine) Peek(ctx context.Context, domain string, attrs map[string]string) (Verdict, []string, error) {
+	r := Request{Domain: domain, Attributes: attrs}
+	if err := e.ValidateRequest(r); err != nil {
+		return Verdict{}, nil, err
+	}
+	m := e.match(r)
+	if len(m.check.Meters) == 0 {
+		return Verdict{Allowed: true}, nil, nil
+	}
+	out, err := e.decideInStore(ctx, m.check)
+	if err != nil {
+		return Verdict{}, nil, fmt.Errorf("engine: peek: %w", err)
+	}
+	return e.verdict(m, out), m.check.Keys, nil
+}
+
+// Keys returns the store keys and meters a request with attrs touches.
+func (e *Engine) Keys(domain string, attrs map[string]string) ([]string, []algo.Meter, error) {
+	r := Request{Domain: domain, Attributes: attrs}
+	if err := e.ValidateRequest(r); err != nil {
+		return nil, nil, err
+	}
+	m := e.match(r)
+	return m.check.Keys, m.check.Meters, nil
+}
+
+// Forget drops keys from the deny cache and the in-process store (after an admin
+// reset).
+func (e *Engine) Forget(keys []string) {
+	if e.deny != nil {
+		e.deny.forget(keys)
+	}
+	e.local.Reset(keys...)
+}
