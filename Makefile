@@ -5,9 +5,21 @@ GO ?= go
 POLICY ?= lambda/policy.yaml
 LISTEN ?= 127.0.0.1:8080
 
-.PHONY: all test test-go wasm-check lint fmt tf-check
+.PHONY: all run demo test test-go wasm-check lint fmt tf-check bench package invoke wasm
 
 all: test
+
+## run: the decision service on $(LISTEN) with the embedded Redis (set REDIS_URL for a real one)
+run:
+	$(GO) run ./lambda/limiter --listen $(LISTEN) --policy $(POLICY)
+
+## demo: start the service, fire a scripted burst at it, print what each rule did
+demo:
+	@mkdir -p dist && $(GO) build -o dist/limiter-local ./lambda/limiter
+	@dist/limiter-local --listen 127.0.0.1:18089 --policy $(POLICY) 2>dist/demo-service.log & pid=$$!; \
+	trap "kill $$pid 2>/dev/null" EXIT; \
+	for i in $$(seq 50); do curl -fs http://127.0.0.1:18089/healthz >/dev/null 2>&1 && break; sleep 0.1; done; \
+	$(GO) run ./scripts/demo --url http://127.0.0.1:18089
 
 ## test: the whole suite: vet, race-enabled tests on real redis-server, the wasip1 build, Terraform checks
 test: lint wasm-check test-go tf-check
