@@ -1,0 +1,82 @@
+package policy
+
+import (
+	"net/netip"
+	"strings"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+)
+
+// ClientAddress returns the address a client is limited by, its remote_address
+// attribute.
+//
+// peer is the address tollgate sees: the socket's remote address, or the source IP of
+// an API Gateway event; it may carry a port ("192.0.2.1:5678", "[2001:db8::1]:443").
+// xff is the X-Forwarded-For header, several headers joined with ','. With
+// id.TrustedProxies = N > 0 the address is the N-th entry from the right of xff, the
+// one the outermost trusted proxy saw, or peer if xff has fewer than N entries; with
+// N = 0 xff is ignored, since a client can write anything there.
+//
+// An IPv4 address (IPv4-mapped IPv6 included) is returned as it is, without a port.
+// An IPv6 address is aggregated to id.IPv6Prefix bits (64 if it is out of 1..128) and
+// written in prefix form, "2001:db8:1:2::/64", because one client commonly holds a
+// whole /64. Anything that is not an address is returned as algo.Escape makes it, so
+// it can never pass for a valid address.
+func ClientAddress(peer, xff string, id Identity) string {
+	s := peer
+	if id.TrustedProxies > 0 && strings.TrimSpace(xff) != "" {
+		if e, ok := fromRight(xff, id.TrustedProxies); ok {
+			s = e
+		}
+	}
+	s = strings.TrimSpace(s)
+	a, ok := parseAddr(s)
+	if !ok {
+		return algo.Escape(s)
+	}
+	a = a.WithZone("").Unmap()
+	if a.Is4() {
+		return a.String()
+	}
+	bits := id.IPv6Prefix
+	if bits < 1 || bits > 128 {
+		bits = DefaultIPv6Prefix
+	}
+	p, err := a.Prefix(bits)
+	if err != nil {
+		return algo.Escape(s)
+	}
+	return p.String()
+}
+
+// fromRight returns the n-th (n >= 1) comma-separated entry of list counted from the
+// right, or false if list has fewer entries.
+func fromRight(list string, n int) (string, bool) {
+	end := len(list)
+	for i := 1; ; i++ {
+		start := strings.LastIndexByte(list[:end], ',') + 1
+		if i == n {
+			return list[start:end], true
+		}
+		if start == 0 {
+			return "", false
+		}
+		end = start - 1
+	}
+}
+
+// parseAddr parses an IP address with or without a port or brackets.
+func parseAddr(s string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a, true
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr(), true
+	}
+	if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
+		if a, err := netip.ParseAddr(s[1 : len(s)-1]); err == nil {
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
+}

@@ -1,0 +1,70 @@
+package policy_test
+
+import (
+	"fmt"
+
+	"github.com/tollgate-dev/tollgate/shared/policy"
+)
+
+func ExamplePolicy_Match() {
+	p, err := policy.Parse([]byte(`
+domain: public-api
+shard_by: api_key
+rules:
+  - name: per-key
+    match: {api_key: "*"}
+    limits:
+      - {algorithm: gcra, rate: 100/s, burst: 200}
+      - {algorithm: fixed_window, rate: 10000/day}
+  - name: uploads
+    match: {api_key: "*", path: /upload}
+    limits:
+      - {algorithm: leaky_bucket, rate: 10/s, burst: 20}
+  - name: login-per-ip
+    match: {remote_address: "*", path: /login}
+    limits:
+      - {algorithm: sliding_log, rate: 5/min, record: user}
+`))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, m := range p.Match(map[string]string{"api_key": "k1", "path": "/upload", "remote_address": "203.0.113.9"}) {
+		for i, key := range m.Keys {
+			fmt.Println(m.Rule.Name, key, m.Meters[i].Limits)
+		}
+	}
+	// Output:
+	// per-key tg:{k1}per-key::0 [gcra 100/s burst 200]
+	// per-key tg:{k1}per-key::1 [fixed_window 10000/d]
+	// uploads tg:{k1}uploads:/upload:0 [leaky_bucket 10/s burst 20]
+}
+
+func ExampleParse_errors() {
+	_, err := policy.Parse([]byte(`
+domain: public-api
+rules:
+  - name: per-key
+    limits:
+      - {algorithm: sliding_log, rate: 5/x, burst: 10}
+  - name: per-key
+    limits:
+      - {algorithm: gcra, rate: 100/s, colour: red}
+`))
+	fmt.Println(err)
+	// Output:
+	// policy: 4 problems:
+	//	rules[0].limits[0].rate: "5/x": unknown unit "x"; use ms, s, min, h or day (line 6)
+	//	rules[0].limits[0].burst: "10": sliding_log has no burst; remove it or use token_bucket, gcra or leaky_bucket (line 6)
+	//	rules[1].name: "per-key" is used by rules[0]; rule names must be unique (line 7)
+	//	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record (line 9)
+}
+
+func ExampleClientAddress() {
+	id := policy.Identity{TrustedProxies: 1, IPv6Prefix: 64}
+	fmt.Println(policy.ClientAddress("10.0.0.7:41234", "198.51.100.7", id))
+	fmt.Println(policy.ClientAddress("[2001:db8:1:2::7]:443", "", policy.Identity{IPv6Prefix: 64}))
+	// Output:
+	// 198.51.100.7
+	// 2001:db8:1:2::/64
+}

@@ -1,0 +1,179 @@
+package policy
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+)
+
+// A Match is one rule that applies to a request, with the store keys and meters the
+// request must pass under it.
+type Match struct {
+	Rule *Rule
+	// Keys holds the store key of each meter: Keys[i] is the key of Meters[i].
+	Keys []string
+	// Meters are the rule's meters with Record filled from the request. They may share
+	// memory with Rule.Meters and must not be modified (Scale returns a copy).
+	Meters []algo.Meter
+	// Identity is the escaped values of every attribute the rule matches on, sorted by
+	// attribute name and joined with ':' — who the keys belong to, for logs. It is
+	// empty for a rule that matches every request.
+	Identity string
+}
+
+// compile fills the rule's derived fields: the sorted match attributes, whether it is
+// sharded, and its meters.
+func (r *Rule) compile(shardBy string) {
+	r.attrs = make([]string, 0, len(r.Match))
+	for a := range r.Match {
+		r.attrs = append(r.attrs, a)
+	}
+	slices.Sort(r.attrs)
+	_, r.sharded = r.Match[shardBy]
+	r.sharded = r.sharded && shardBy != ""
+
+	ring := -1
+	for i, l := range r.Limits {
+		if l.Algorithm == algo.BucketRing {
+			if ring < 0 {
+				ring = len(r.Meters)
+				r.Meters = append(r.Meters, algo.Meter{Shadow: r.Shadow})
+				r.meterRecord = append(r.meterRecord, "")
+			}
+			r.Meters[ring].Limits = append(r.Meters[ring].Limits, l)
+			continue
+		}
+		r.Meters = append(r.Meters, algo.Meter{Limits: []algo.Limit{l}, Shadow: r.Shadow})
+		r.meterRecord = append(r.meterRecord, r.Records[i])
+		r.recording = r.recording || r.Records[i] != ""
+	}
+}
+
+// applies reports whether every attribute the rule names is present in attrs with
+// the value the rule wants ("*": any value).
+func (r *Rule) applies(attrs map[string]string) bool {
+	for _, a := range r.attrs {
+		v, ok := attrs[a]
+		if !ok {
+			return false
+		}
+		if want := r.Match[a]; want != "*" && v != want {
+			return false
+		}
+	}
+	return true
+}
+
+// Match returns, in rule order, every rule that applies to a request with the given
+// attributes, with the keys and meters to decide. A rule applies when each attribute
+// it names is present in attrs and has the value it wants, any value for "*". (A rule
+// cannot match the literal value "*".)
+//
+// Keys follow algo.Key. For a rule that matches on the policy's ShardBy attribute, the
+// hash tag is that attribute's escaped value and the identity the escaped values of the
+// rule's other attributes, sorted by name and joined with ':'; all such keys of one
+// client share one Redis Cluster slot. For any other rule the hash tag is the rule's
+// name, ':' and the escaped values of all its attributes, and the identity is empty.
+//
+// Match returns nil if no rule applies.
+func (p *Policy) Match(attrs map[string]string) []Match {
+	n, nkeys, nrec := 0, 0, 0
+	for _, r := range p.Rules {
+		if r.applies(attrs) {
+			n++
+			nkeys += len(r.Meters)
+			if r.recording {
+				nrec += len(r.Meters)
+			}
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make([]Match, 0, n)
+	keys := make([]string, nkeys)
+	var meters []algo.Meter
+	if nrec > 0 {
+		meters = make([]algo.Meter, nrec)
+	}
+	var buf [8]string
+	for _, r := range p.Rules {
+		if !r.applies(attrs) {
+			continue
+		}
+		esc := buf[:0]
+		shard := -1
+		for i, a := range r.attrs {
+			esc = append(esc, algo.Escape(attrs[a]))
+			if r.sharded && a == p.ShardBy {
+				shard = i
+			}
+		}
+		m := Match{Rule: r, Identity: joinSkip(esc, -1)}
+		tag, identity := r.Name+":"+m.Identity, ""
+		if shard >= 0 {
+			tag, identity = esc[shard], joinSkip(esc, shard)
+		}
+		k := len(r.Meters)
+		m.Keys, keys = keys[:k:k], keys[k:]
+		for i := range r.Meters {
+			m.Keys[i] = algo.Key(p.Prefix, tag, r.Name, identity, i)
+		}
+		m.Meters = r.Meters
+		if r.recording {
+			m.Meters, meters = meters[:k:k], meters[k:]
+			copy(m.Meters, r.Meters)
+			for i, a := range r.meterRecord {
+				if a != "" {
+					m.Meters[i].Record = attrs[a]
+				}
+			}
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// joinSkip joins the values of vs, except the one at index skip, with ':'.
+func joinSkip(vs []string, skip int) string {
+	switch {
+	case len(vs) == 0, len(vs) == 1 && skip == 0:
+		return ""
+	case len(vs) == 1:
+		return vs[0]
+	case len(vs) == 2 && skip >= 0:
+		return vs[1-skip]
+	}
+	var b strings.Builder
+	for i, v := range vs {
+		if i == skip {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte(':')
+		}
+		b.WriteString(v)
+	}
+	return b.String()
+}
+
+// Scale returns m with the count and burst of each limit divided by n, rounded down
+// and at least 1: the share of one of n instances that decide in process (failure
+// mode local). The limits of the result are a copy; m is not modified. An n below 2
+// returns m as it is.
+func Scale(m algo.Meter, n int) algo.Meter {
+	if n < 2 {
+		return m
+	}
+	limits := make([]algo.Limit, len(m.Limits))
+	for i, l := range m.Limits {
+		l.Count = max(1, l.Count/int64(n))
+		if l.Burst > 0 {
+			l.Burst = max(1, l.Burst/int64(n))
+		}
+		limits[i] = l
+	}
+	m.Limits = limits
+	return m
+}

@@ -1,0 +1,245 @@
+// Package policy parses and validates tollgate policies and maps a request's attributes
+// to the meters it must pass.
+//
+// A policy is a YAML document (or the same structure in JSON) that names a domain, the
+// failure policy, and an ordered list of rules. A rule matches on request attributes —
+// an exact value, or "*" for one limit per distinct value — and carries one or more
+// limits of the algorithms of package algo. Parse checks the whole document and reports
+// every problem at once, each with its path (rules[2].limits[0].rate) and a fix.
+//
+// A parsed *Policy is immutable and safe for simultaneous use.
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+)
+
+// MaxSize is the largest policy Parse and Load accept, in bytes.
+const MaxSize = 1 << 20
+
+// Defaults of the optional fields.
+const (
+	DefaultPrefix            = "tg:"
+	DefaultTimeout           = 50 * time.Millisecond
+	DefaultBreakerFailures   = 5
+	DefaultBreakerOpenFor    = 5 * time.Second
+	DefaultIPv6Prefix        = 64
+	DefaultDenyCacheEntries  = 100000
+	DefaultExpectedInstances = 1
+)
+
+// Bounds of the numeric fields, inclusive.
+const (
+	MinTimeout        = time.Millisecond
+	MaxTimeout        = 10 * time.Second
+	MaxInstances      = 10000
+	MaxBreakerFailure = 1000000
+	MinOpenFor        = time.Millisecond
+	MaxOpenFor        = time.Hour
+	MaxTrustedProxies = 32
+	MaxDenyCache      = 10000000
+	MaxPrefixLen      = 64
+)
+
+// A FailureMode says how requests are decided while the store (Redis) is unreachable.
+type FailureMode string
+
+// The failure modes.
+const (
+	// FailOpen admits every request while the store is down.
+	FailOpen FailureMode = "open"
+	// FailClosed denies every request while the store is down.
+	FailClosed FailureMode = "closed"
+	// FailLocal decides in process, each limit divided by Failure.ExpectedInstances
+	// (see Scale).
+	FailLocal FailureMode = "local"
+)
+
+// Failure is the failure policy: what to do when the store fails or is slow.
+type Failure struct {
+	// Mode is open, closed or local. Default open.
+	Mode FailureMode
+	// Timeout bounds one decision, store round trip included. Default 50ms; 1ms to 10s.
+	Timeout time.Duration
+	// ExpectedInstances is the number of processes that share the traffic; local mode
+	// divides each limit by it. Default 1.
+	ExpectedInstances int
+	// Breaker is the circuit breaker in front of the store.
+	Breaker Breaker
+}
+
+// Breaker configures the circuit breaker: after Failures consecutive store failures the
+// breaker opens, decisions skip the store (following Failure.Mode) for OpenFor, and then
+// one half-open probe decides whether it closes again.
+type Breaker struct {
+	Failures int           // default 5
+	OpenFor  time.Duration // default 5s
+}
+
+// Identity says how a client's address is derived (see ClientAddress).
+type Identity struct {
+	// TrustedProxies is how many proxy hops in front of tollgate append to
+	// X-Forwarded-For and can be trusted. Default 0: the socket or event address wins.
+	TrustedProxies int
+	// IPv6Prefix is the prefix length IPv6 client addresses are aggregated to, 1 to
+	// 128. Default 64.
+	IPv6Prefix int
+}
+
+// DenyCache configures the in-process cache of denied keys, which answers repeated
+// requests of a denied client without a store round trip until the key resets.
+type DenyCache struct {
+	Enabled    bool // default true
+	MaxEntries int  // default 100000
+}
+
+// A Policy is a parsed, valid policy. Build it with Parse or Load; it must not be
+// modified afterwards.
+type Policy struct {
+	// Domain names the policy; requests carry the domain they are decided in.
+	Domain string
+	// Prefix starts every store key. Default "tg:".
+	Prefix string
+	// ShardBy names the attribute whose value is the Redis Cluster hash tag of the
+	// keys of every rule that matches on it, so one client's limits share one slot.
+	// Empty for none.
+	ShardBy   string
+	Failure   Failure
+	Identity  Identity
+	DenyCache DenyCache
+	// Rules in the order of the policy file, which is the order of Match's results.
+	Rules []*Rule
+
+	attributes []string // sorted names of every attribute matched or recorded
+}
+
+// A Rule maps requests that match it to its limits.
+type Rule struct {
+	// Name is unique in the policy and appears in keys and headers:
+	// ^[a-z0-9][a-z0-9_.-]{0,62}$.
+	Name string
+	// Match maps attribute names to the value they must have, or "*" for any value
+	// (one limit per distinct value). An empty Match applies to every request.
+	Match map[string]string
+	// Shadow rules are decided and reported but never deny.
+	Shadow bool
+	// Limits as written in the policy.
+	Limits []algo.Limit
+	// Records holds, per limit, the name of the attribute whose value is kept with
+	// each admitted request, or "" for none.
+	Records []string
+	// Meters are the compiled limits, one store key each: the rule's bucket_ring limits
+	// form one meter (at the place of the first of them), every other limit its own.
+	// Record is empty here; Match fills it from the request.
+	Meters []algo.Meter
+
+	attrs       []string // names in Match, sorted
+	sharded     bool     // Match names the policy's ShardBy attribute
+	meterRecord []string // per meter, the attribute to record, or ""
+	recording   bool     // some meter records
+}
+
+// A Problem is one thing wrong with a policy.
+type Problem struct {
+	// Path locates the problem: "domain", "rules[2].limits[0].rate"; empty for the
+	// document as a whole.
+	Path string
+	// Msg says what is wrong and how to fix it.
+	Msg string
+	// Line is the line of the document where the problem is, or 0 if unknown.
+	Line int
+}
+
+func (p Problem) String() string {
+	s := p.Msg
+	if p.Path != "" {
+		s = p.Path + ": " + s
+	}
+	if p.Line > 0 {
+		s += " (line " + strconv.Itoa(p.Line) + ")"
+	}
+	return s
+}
+
+// A ValidationError lists every problem of a policy. Parse and Load return one for
+// anything wrong with the document itself: its size, its syntax, its content.
+type ValidationError struct {
+	// File is the file the policy came from (Load), or empty.
+	File     string
+	Problems []Problem
+}
+
+func (e *ValidationError) Error() string {
+	head := "policy: "
+	if e.File != "" {
+		head += e.File + ": "
+	}
+	if len(e.Problems) == 1 {
+		return head + e.Problems[0].String()
+	}
+	var b strings.Builder
+	b.WriteString(head)
+	if len(e.Problems) == 0 {
+		b.WriteString("invalid")
+		return b.String()
+	}
+	fmt.Fprintf(&b, "%d problems:", len(e.Problems))
+	for _, p := range e.Problems {
+		b.WriteString("\n\t")
+		b.WriteString(p.String())
+	}
+	return b.String()
+}
+
+// Parse parses and validates a policy written in YAML or JSON. On any problem it
+// returns a *ValidationError that lists every problem found. It never panics.
+func Parse(data []byte) (*Policy, error) {
+	if len(data) > MaxSize {
+		return nil, &ValidationError{Problems: []Problem{{
+			Msg: fmt.Sprintf("the policy is %d bytes; it must be at most %d bytes (1 MiB)", len(data), MaxSize),
+		}}}
+	}
+	var d decoder
+	p := d.parse(data)
+	if len(d.problems) > 0 {
+		return nil, &ValidationError{Problems: d.result()}
+	}
+	return p, nil
+}
+
+// Load reads and parses the policy file at path. Problems with the policy come as a
+// *ValidationError whose File is path.
+func Load(path string) (*Policy, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: load: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("policy: load %s: %w", path, err)
+	}
+	p, err := Parse(data)
+	if ve, ok := errors.AsType[*ValidationError](err); ok {
+		ve.File = path
+		if len(data) > MaxSize {
+			ve.Problems[0].Msg = fmt.Sprintf("the policy is larger than %d bytes (1 MiB); make it smaller", MaxSize)
+		}
+	}
+	return p, err
+}
+
+// Attributes returns, sorted, the name of every attribute some rule matches on or
+// records, so that a front door knows which attributes (and headers) to collect.
+// The caller may modify the returned slice.
+func (p *Policy) Attributes() []string {
+	return append([]string(nil), p.attributes...)
+}

@@ -1,0 +1,482 @@
+package policy_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/policy"
+)
+
+// shipped is the policy the Lambda front doors deploy with.
+const shipped = "../../lambda/policy.yaml"
+
+func TestLoadShipped(t *testing.T) {
+	t.Parallel()
+	p, err := policy.Load(shipped)
+	if err != nil {
+		t.Fatalf("Load(%q) = %v", shipped, err)
+	}
+	if p.Domain != "public-api" || p.ShardBy != "api_key" || p.Prefix != "tg:" {
+		t.Errorf("Load(%q) = domain %q, shard_by %q, prefix %q, want public-api, api_key, tg:", shipped, p.Domain, p.ShardBy, p.Prefix)
+	}
+	wantFailure := policy.Failure{Mode: policy.FailOpen, Timeout: 50 * time.Millisecond, ExpectedInstances: 4,
+		Breaker: policy.Breaker{Failures: 5, OpenFor: 5 * time.Second}}
+	if p.Failure != wantFailure {
+		t.Errorf("Load(%q).Failure = %+v, want %+v", shipped, p.Failure, wantFailure)
+	}
+	if want := (policy.Identity{TrustedProxies: 0, IPv6Prefix: 64}); p.Identity != want {
+		t.Errorf("Load(%q).Identity = %+v, want %+v", shipped, p.Identity, want)
+	}
+	if want := (policy.DenyCache{Enabled: true, MaxEntries: 100000}); p.DenyCache != want {
+		t.Errorf("Load(%q).DenyCache = %+v, want %+v", shipped, p.DenyCache, want)
+	}
+
+	gcra := algo.Limit{Algorithm: algo.GCRA, Count: 100, Period: time.Second, Burst: 200}
+	daily := algo.Limit{Algorithm: algo.FixedWindow, Count: 10000, Period: 24 * time.Hour}
+	login := algo.Limit{Algorithm: algo.SlidingLog, Count: 5, Period: time.Minute}
+	search := algo.Limit{Algorithm: algo.TokenBucket, Count: 1000, Period: time.Second, Burst: 2000}
+	upload := algo.Limit{Algorithm: algo.LeakyBucket, Count: 10, Period: time.Second, Burst: 20}
+	ring := []algo.Limit{
+		{Algorithm: algo.BucketRing, Count: 1000, Period: time.Second},
+		{Algorithm: algo.BucketRing, Count: 5000, Period: 10 * time.Second},
+		{Algorithm: algo.BucketRing, Count: 7000, Period: 15 * time.Second},
+	}
+	want := []struct {
+		name    string
+		match   map[string]string
+		shadow  bool
+		records []string
+		meters  []algo.Meter
+	}{
+		{"per-key", map[string]string{"api_key": "*"}, false, []string{"", ""},
+			[]algo.Meter{{Limits: []algo.Limit{gcra}}, {Limits: []algo.Limit{daily}}}},
+		{"login-per-ip", map[string]string{"remote_address": "*", "path": "/login"}, false, []string{"user"},
+			[]algo.Meter{{Limits: []algo.Limit{login}}}},
+		{"search-global", map[string]string{"path": "/search"}, false, []string{""},
+			[]algo.Meter{{Limits: []algo.Limit{search}}}},
+		{"uploads", map[string]string{"api_key": "*", "path": "/upload"}, false, []string{""},
+			[]algo.Meter{{Limits: []algo.Limit{upload}}}},
+		{"ip-tiers", map[string]string{"remote_address": "*"}, true, []string{"", "", ""},
+			[]algo.Meter{{Limits: ring, Shadow: true}}},
+	}
+	if len(p.Rules) != len(want) {
+		t.Fatalf("Load(%q) has %d rules, want %d", shipped, len(p.Rules), len(want))
+	}
+	for i, w := range want {
+		r := p.Rules[i]
+		if r.Name != w.name || !reflect.DeepEqual(r.Match, w.match) || r.Shadow != w.shadow || !reflect.DeepEqual(r.Records, w.records) {
+			t.Errorf("Load(%q).Rules[%d] = %s %v shadow %v records %q, want %s %v shadow %v records %q",
+				shipped, i, r.Name, r.Match, r.Shadow, r.Records, w.name, w.match, w.shadow, w.records)
+		}
+		if !reflect.DeepEqual(r.Meters, w.meters) {
+			t.Errorf("Load(%q).Rules[%d].Meters = %v, want %v", shipped, i, r.Meters, w.meters)
+		}
+		for j, m := range r.Meters {
+			if err := m.Validate(); err != nil {
+				t.Errorf("Load(%q).Rules[%d].Meters[%d].Validate() = %v, want nil", shipped, i, j, err)
+			}
+		}
+	}
+	if got, want := p.Attributes(), []string{"api_key", "path", "remote_address", "user"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("Attributes() = %q, want %q", got, want)
+	}
+}
+
+func TestJSONEqualsYAML(t *testing.T) {
+	t.Parallel()
+	y, err := policy.Load(shipped)
+	if err != nil {
+		t.Fatalf("Load(%q) = %v", shipped, err)
+	}
+	j, err := policy.Load("testdata/policy.json")
+	if err != nil {
+		t.Fatalf("Load(testdata/policy.json) = %v", err)
+	}
+	if !reflect.DeepEqual(y, j) {
+		t.Errorf("Load(testdata/policy.json) = %+v, want the YAML policy %+v", j, y)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	t.Parallel()
+	p, err := policy.Parse([]byte("domain: d\nrules: [{name: all, limits: [{algorithm: sliding_window, rate: 10/s}]}]\n"))
+	if err != nil {
+		t.Fatalf("Parse() = %v", err)
+	}
+	want := policy.Policy{
+		Domain: "d", Prefix: "tg:",
+		Failure: policy.Failure{Mode: policy.FailOpen, Timeout: 50 * time.Millisecond, ExpectedInstances: 1,
+			Breaker: policy.Breaker{Failures: 5, OpenFor: 5 * time.Second}},
+		Identity:  policy.Identity{IPv6Prefix: 64},
+		DenyCache: policy.DenyCache{Enabled: true, MaxEntries: 100000},
+	}
+	got := *p
+	got.Rules = nil
+	if got.Domain != want.Domain || got.Prefix != want.Prefix || got.ShardBy != "" || got.Failure != want.Failure ||
+		got.Identity != want.Identity || got.DenyCache != want.DenyCache {
+		t.Errorf("Parse() = %+v, want defaults %+v", got, want)
+	}
+	if len(p.Rules) != 1 || len(p.Rules[0].Match) != 0 {
+		t.Errorf("Parse() rules = %+v, want one global rule", p.Rules)
+	}
+}
+
+func TestParseOptional(t *testing.T) {
+	t.Parallel()
+	in := `
+domain: d
+prefix: "rl:"
+failure: {mode: local, timeout: 20ms, expected_instances: 3, breaker: {failures: 2, open_for: 1s}}
+identity: {trusted_proxies: 2, ipv6_prefix: 56}
+deny_cache: {enabled: false, max_entries: 10}
+rules:
+  - name: merged
+    match: {x-tenant: acme, port: 443}
+    limits:
+      - &base {algorithm: token_bucket, rate: 10/s}
+      - {<<: *base, burst: 5}
+      - {algorithm: bucket_ring, rate: 10/s, bucket: 500ms}
+      - {algorithm: bucket_ring, rate: 50/10s}
+`
+	p, err := policy.Parse([]byte(in))
+	if err != nil {
+		t.Fatalf("Parse() = %v", err)
+	}
+	want := policy.Policy{Domain: "d", Prefix: "rl:",
+		Failure:   policy.Failure{Mode: policy.FailLocal, Timeout: 20 * time.Millisecond, ExpectedInstances: 3, Breaker: policy.Breaker{Failures: 2, OpenFor: time.Second}},
+		Identity:  policy.Identity{TrustedProxies: 2, IPv6Prefix: 56},
+		DenyCache: policy.DenyCache{Enabled: false, MaxEntries: 10},
+	}
+	if p.Prefix != want.Prefix || p.Failure != want.Failure || p.Identity != want.Identity || p.DenyCache != want.DenyCache {
+		t.Errorf("Parse() = %+v, want %+v", *p, want)
+	}
+	r := p.Rules[0]
+	if want := map[string]string{"x-tenant": "acme", "port": "443"}; !reflect.DeepEqual(r.Match, want) {
+		t.Errorf("Parse() match = %v, want %v", r.Match, want)
+	}
+	tb := algo.Limit{Algorithm: algo.TokenBucket, Count: 10, Period: time.Second}
+	tb5 := tb
+	tb5.Burst = 5
+	wantMeters := []algo.Meter{
+		{Limits: []algo.Limit{tb}},
+		{Limits: []algo.Limit{tb5}},
+		{Limits: []algo.Limit{
+			{Algorithm: algo.BucketRing, Count: 10, Period: time.Second, Bucket: 500 * time.Millisecond},
+			{Algorithm: algo.BucketRing, Count: 50, Period: 10 * time.Second},
+		}},
+	}
+	if !reflect.DeepEqual(r.Meters, wantMeters) {
+		t.Errorf("Parse() meters = %v, want %v", r.Meters, wantMeters)
+	}
+}
+
+// problems returns the problems of a *ValidationError as "path: msg" lines, or the
+// error itself if it is another error.
+func problems(err error) []string {
+	if err == nil {
+		return nil
+	}
+	ve, ok := errors.AsType[*policy.ValidationError](err)
+	if !ok {
+		return []string{"not a *ValidationError: " + err.Error()}
+	}
+	var out []string
+	for _, p := range ve.Problems {
+		s := p.Msg
+		if p.Path != "" {
+			s = p.Path + ": " + s
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// rule wraps limit lines into a one-rule policy.
+func rule(limits ...string) string {
+	return "domain: d\nrules:\n  - name: r\n    limits:\n" + "      - " + strings.Join(limits, "\n      - ") + "\n"
+}
+
+func TestValidation(t *testing.T) {
+	t.Parallel()
+	const algos = "fixed_window, sliding_log, sliding_window, token_bucket, leaky_bucket, gcra, bucket_ring"
+	const nameRule = "use 1 to 63 characters of a-z, 0-9, '_', '.' and '-', starting with a letter or digit"
+	const attrRule = "use 1 to 64 characters of a-z, 0-9, '_', '.' and '-' (header attributes are named by their lower-case header name, e.g. x-tenant)"
+	tests := []struct {
+		name string
+		in   string
+		want []string
+	}{
+		{"unknown top-level field", "domain: d\ncolour: red\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{"colour: unknown field; known fields: domain, prefix, shard_by, failure, identity, deny_cache, rules"}},
+		{"unknown limit field", rule("{algorithm: gcra, rate: 1/s, colour: red}"),
+			[]string{"rules[0].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record"}},
+		{"misspelt field", rule("{algorithm: gcra, rate: 1/s, brust: 3}"),
+			[]string{`rules[0].limits[0].brust: unknown field; known fields: algorithm, rate, burst, bucket, record; did you mean "burst"?`}},
+		{"unknown fields everywhere", "domain: d\nfailure: {mode: open, retries: 3, breaker: {fails: 1}}\nidentity: {proxies: 1}\ndeny_cache: {size: 1}\nrules: [{name: r, when: x, limits: [{algorithm: gcra, rate: 1/s, cost: 2}]}]\n",
+			[]string{
+				"failure.retries: unknown field; known fields: mode, timeout, expected_instances, breaker",
+				"failure.breaker.fails: unknown field; known fields: failures, open_for",
+				"identity.proxies: unknown field; known fields: trusted_proxies, ipv6_prefix",
+				"deny_cache.size: unknown field; known fields: enabled, max_entries",
+				"rules[0].when: unknown field; known fields: name, match, limits, shadow",
+				"rules[0].limits[0].cost: unknown field; known fields: algorithm, rate, burst, bucket, record",
+			}},
+		{"repeated field", "domain: d\ndomain: e\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{"domain: appears twice (first on line 1); remove one"}},
+		{"bad rate unit", "domain: d\nrules:\n- {name: a, limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: b, limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: c, limits: [{algorithm: fixed_window, rate: 10/x}]}\n",
+			[]string{`rules[2].limits[0].rate: "10/x": unknown unit "x"; use ms, s, min, h or day`}},
+		{"bad rate form", rule("{algorithm: gcra, rate: 100}"),
+			[]string{`rules[0].limits[0].rate: "100": want COUNT/PERIOD, e.g. "100/s", "5/10s", "30/min"`}},
+		{"zero count", rule("{algorithm: gcra, rate: 0/s}"),
+			[]string{`rules[0].limits[0].rate: "0/s": count must be at least 1`}},
+		{"rate too fast", rule("{algorithm: gcra, rate: 2000000/s}"),
+			[]string{`rules[0].limits[0].rate: "2000000/s": rate is faster than one unit per microsecond; use a longer period or a smaller count`}},
+		{"missing algorithm and rate", rule("{burst: 2}"),
+			[]string{
+				"rules[0].limits[0].algorithm: missing; use one of " + algos,
+				"rules[0].limits[0].rate: missing; write COUNT/PERIOD, e.g. rate: 100/s",
+			}},
+		{"unknown algorithm", rule("{algorithm: fixed, rate: 1/s}"),
+			[]string{`rules[0].limits[0].algorithm: "fixed": unknown algorithm; use one of ` + algos}},
+		{"duplicate rule names", "domain: d\nrules:\n- {name: per-key, limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: per-key, limits: [{algorithm: gcra, rate: 1/s}]}\n",
+			[]string{`rules[1].name: "per-key" is used by rules[0]; rule names must be unique`}},
+		{"record on token_bucket", rule("{algorithm: token_bucket, rate: 1/s, record: user}"),
+			[]string{"rules[0].limits[0].record: token_bucket cannot keep recorded values; remove record or use sliding_log or fixed_window"}},
+		{"bad record attribute", rule("{algorithm: sliding_log, rate: 1/s, record: User}"),
+			[]string{`rules[0].limits[0].record: "User": ` + attrRule}},
+		{"burst on sliding_log", rule("{algorithm: sliding_log, rate: 5/min, burst: 10}"),
+			[]string{`rules[0].limits[0].burst: "10": sliding_log has no burst; remove it or use token_bucket, gcra or leaky_bucket`}},
+		{"burst zero", rule("{algorithm: gcra, rate: 5/min, burst: 0}"),
+			[]string{"rules[0].limits[0].burst: 0: must be from 1 to 1099511627776"}},
+		{"bucket off the ring", rule("{algorithm: gcra, rate: 5/min, bucket: 1s}"),
+			[]string{`rules[0].limits[0].bucket: "1s": only bucket_ring has buckets; remove it`}},
+		{"bucket does not divide", rule("{algorithm: bucket_ring, rate: 5/min, bucket: 7s}"),
+			[]string{`rules[0].limits[0].bucket: "7s": bucket must be a whole number of milliseconds that divides the period`}},
+		{"ring buckets differ", rule("{algorithm: bucket_ring, rate: 1/s, bucket: 100ms}", "{algorithm: bucket_ring, rate: 5/10s, bucket: 200ms}"),
+			[]string{`rules[0].limits[1].bucket: "200ms": the bucket_ring limits of a rule share one key and one bucket width; use 100ms as in rules[0].limits[0], or leave bucket out`}},
+		{"ring period off the bucket", rule("{algorithm: bucket_ring, rate: 10/2s, bucket: 400ms}", "{algorithm: bucket_ring, rate: 1/1s}"),
+			[]string{"rules[0].limits[1].rate: the period 1s is not a multiple of the ring's bucket width 400ms (the bucket set on the ring); set a bucket that divides every period of the ring"}},
+		{"ring too many buckets", rule("{algorithm: bucket_ring, rate: 10/h}", "{algorithm: bucket_ring, rate: 1/1001ms}"),
+			[]string{"rules[0].limits[0].rate: the period 1h spans more than 3600 buckets of 1ms (the greatest common divisor of the ring's periods); set a wider bucket that divides every period of the ring"}},
+		{"unused shard_by", "domain: d\nshard_by: tenant\nrules: [{name: r, match: {api_key: '*'}, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{`shard_by: "tenant": no rule matches on this attribute; match on it in a rule or remove shard_by`}},
+		{"bad shard_by", "domain: d\nshard_by: Tenant\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{`shard_by: "Tenant": ` + attrRule}},
+		{"empty domain", "domain: ''\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{`domain: "": ` + nameRule}},
+		{"missing domain", "rules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{"domain: missing; name the policy, e.g. domain: public-api"}},
+		{"null domain", "domain:\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{"domain: missing; name the policy, e.g. domain: public-api"}},
+		{"no rules", "domain: d\nrules: []\n",
+			[]string{"rules: the policy has no rules; add at least one"}},
+		{"missing rules", "domain: d\n",
+			[]string{"rules: missing; list the rules, each with a name, a match and limits"}},
+		{"rule without limits", "domain: d\nrules: [{name: r, limits: []}, {name: s}]\n",
+			[]string{
+				"rules[0].limits: the rule has no limits; add at least one",
+				"rules[1].limits: missing; list at least one limit, e.g. limits: [{algorithm: gcra, rate: 100/s}]",
+			}},
+		{"rule without name", "domain: d\nrules: [{limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{"rules[0].name: missing; give the rule a name, e.g. name: per-key"}},
+		{"bad rule name", "domain: d\nrules: [{name: Per Key, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{`rules[0].name: "Per Key": ` + nameRule}},
+		{"bad match", "domain: d\nrules: [{name: r, match: {X-Tenant: a, path: '', user: ~, ip: [1]}, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{
+				`rules[0].match.X-Tenant: "X-Tenant": ` + attrRule,
+				`rules[0].match.path: the value is empty; write the value to match, or "*" for any value`,
+				`rules[0].match.user: want a value to match, or "*" for any value, got nothing (null)`,
+				`rules[0].match.ip: want a value to match, or "*" for any value, got a list`,
+			}},
+		{"bad failure mode", "domain: d\nfailure: {mode: opne}\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{`failure.mode: "opne": unknown failure mode; use open, closed or local`}},
+		{"failure out of range", "domain: d\nfailure: {timeout: 11s, expected_instances: 0, breaker: {failures: 0, open_for: 2h}}\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{
+				`failure.timeout: "11s": must be from 1ms to 10s`,
+				"failure.expected_instances: 0: must be from 1 to 10000",
+				"failure.breaker.failures: 0: must be from 1 to 1000000",
+				`failure.breaker.open_for: "2h": must be from 1ms to 1h`,
+			}},
+		{"identity out of range", "domain: d\nidentity: {trusted_proxies: -1, ipv6_prefix: 129}\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{
+				"identity.trusted_proxies: -1: must be from 0 to 32",
+				"identity.ipv6_prefix: 129: must be from 1 to 128",
+			}},
+		{"bad prefix", "domain: d\nprefix: 'a{b'\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{`prefix: "a{b": use printable ASCII without spaces, '{' or '}' (braces would move the cluster hash tag)`}},
+		{"wrong types", "domain: [d]\nfailure: {timeout: 50, expected_instances: '4', mode: {a: 1}}\ndeny_cache: {enabled: 'true', max_entries: 1.5}\nidentity: open\nrules: [{name: r, shadow: yes, limits: [{algorithm: gcra, rate: 1/s, burst: '200', bucket: 1}]}, hello, {name: s, match: [a], limits: {a: 1}}]\n",
+			[]string{
+				"domain: want a domain name, got a list",
+				"failure.timeout: want a duration with a unit, such as 50ms, got the number 50",
+				`failure.expected_instances: want a whole number, got the string "4"; remove the quotes`,
+				"failure.mode: want open, closed or local, got a mapping",
+				`deny_cache.enabled: want true or false, got the string "true"; remove the quotes`,
+				"deny_cache.max_entries: want a whole number from 1 to 10000000, got the number 1.5",
+				`identity: want a mapping with trusted_proxies or ipv6_prefix, got the string "open"`,
+				`rules[0].shadow: want true or false, got the string "yes"`,
+				`rules[0].limits[0].burst: want a whole number, got the string "200"; remove the quotes`,
+				"rules[0].limits[0].bucket: want a duration with a unit, such as 100ms, got the number 1",
+				`rules[1]: want a rule: a mapping with name, match and limits, got the string "hello"`,
+				`rules[2].match: want a mapping of attribute names to values (or "*" for any value), got a list`,
+				"rules[2].limits: want a list of limits, got a mapping",
+			}},
+		{"rules not a list", "domain: d\nrules: {name: r}\n",
+			[]string{"rules: want a list of rules, got a mapping"}},
+		{"not a mapping", "- domain\n",
+			[]string{"want a policy: a mapping with at least domain and rules, got a list"}},
+		{"empty", "  \n# nothing\n",
+			[]string{"the policy is empty; write a mapping with at least domain and rules"}},
+		{"null document", "~\n",
+			[]string{"want a policy: a mapping with at least domain and rules, got nothing (null)"}},
+		{"YAML syntax", "domain: d\nrules: [\n",
+			[]string{"invalid YAML: did not find expected node content"}},
+		{"YAML tab", "domain: d\n\trules: []\n",
+			[]string{"invalid YAML: found a tab character that violates indentation"}},
+		{"JSON syntax", "{\n\t\"domain\": \"d\",\n\t\"rules\": [{\"name\": \"r\" \"limits\": []}]\n}\n",
+			[]string{`invalid JSON at column 25: invalid character '"' after object key:value pair`}},
+		{"JSON wrong types", `{"domain": "d", "shard_by": 7, "rules": [{"name": "r", "match": {"api_key": "*"}, "shadow": "true", "limits": [{"algorithm": "gcra", "rate": "1/s", "burst": "2"}]}]}`,
+			[]string{
+				`shard_by: "7": no rule matches on this attribute; match on it in a rule or remove shard_by`,
+				`rules[0].shadow: want true or false, got the string "true"; remove the quotes`,
+				`rules[0].limits[0].burst: want a whole number, got the string "2"; remove the quotes`,
+			}},
+		{"two documents", "domain: d\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n---\ndomain: e\n",
+			[]string{"the policy must be one YAML document; remove the '---' separator and what follows it"}},
+		{"too large", "domain: d\n#" + strings.Repeat("x", policy.MaxSize),
+			[]string{"the policy is 1048587 bytes; it must be at most 1048576 bytes (1 MiB)"}},
+		{"merge of a scalar", "domain: d\nrules: [{name: r, limits: [{<<: 5, algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{"rules[0].limits[0].<<: want a mapping (or a list of mappings) to merge, got the number 5"}},
+		{"long values are shortened", "domain: d\nrules: [{name: r, limits: [{algorithm: gcra, rate: " + strings.Repeat("9", 100) + "/s}]}]\n",
+			[]string{`rules[0].limits[0].rate: "` + strings.Repeat("9", 64) + `"…: count "` + strings.Repeat("9", 100) + `" is not a whole number`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p, err := policy.Parse([]byte(tt.in))
+			if got := problems(err); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("Parse(%.60q) problems =\n\t%s\nwant\n\t%s", tt.in, strings.Join(got, "\n\t"), strings.Join(tt.want, "\n\t"))
+			}
+			if p != nil {
+				t.Errorf("Parse(%.60q) = %v, %v; want a nil policy with the error", tt.in, p, err)
+			}
+		})
+	}
+}
+
+func TestValidationErrorMessage(t *testing.T) {
+	t.Parallel()
+	in := "domain: d\nrules:\n- {name: a, limits: [{algorithm: gcra, rate: 1/x}]}\n- {name: a, limits: [{algorithm: gcra, rate: 1/s, colour: red}]}\n"
+	_, err := policy.Parse([]byte(in))
+	want := `policy: 3 problems:
+	rules[0].limits[0].rate: "1/x": unknown unit "x"; use ms, s, min, h or day (line 3)
+	rules[1].name: "a" is used by rules[0]; rule names must be unique (line 4)
+	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record (line 4)`
+	if err == nil || err.Error() != want {
+		t.Errorf("Parse().Error() = %v, want %s", err, want)
+	}
+
+	_, err = policy.Parse([]byte("domain: d\nrules: []\n"))
+	if want := "policy: rules: the policy has no rules; add at least one (line 2)"; err == nil || err.Error() != want {
+		t.Errorf("Parse().Error() = %v, want %s", err, want)
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("domain: d\nrules: []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(dir, "big.yaml")
+	if err := os.WriteFile(big, make([]byte, policy.MaxSize+10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		path string
+		want string
+	}{
+		{bad, "policy: " + bad + ": rules: the policy has no rules; add at least one (line 2)"},
+		{big, "policy: " + big + ": the policy is larger than 1048576 bytes (1 MiB); make it smaller"},
+		{filepath.Join(dir, "missing.yaml"), "policy: load: open " + filepath.Join(dir, "missing.yaml") + ": no such file or directory"},
+	}
+	for _, tt := range tests {
+		p, err := policy.Load(tt.path)
+		if p != nil || err == nil || err.Error() != tt.want {
+			t.Errorf("Load(%q) = %v, %v, want nil, %s", tt.path, p, err, tt.want)
+		}
+	}
+}
+
+// TestProblemLimit checks that a policy with very many problems reports a bounded
+// number of them.
+func TestProblemLimit(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	b.WriteString("domain: d\nrules:\n")
+	for range 1500 {
+		b.WriteString("- {name: r, limits: [{algorithm: gcra, rate: 1/s}]}\n")
+	}
+	_, err := policy.Parse([]byte(b.String()))
+	got := problems(err)
+	if len(got) != 101 || got[100] != "1399 more problems not shown; fix these first" {
+		t.Errorf("Parse(1500 rules named r) = %d problems, last %q; want 101, the last saying 1399 more", len(got), got[len(got)-1])
+	}
+}
+
+func mustFail(t *testing.T, in string) error {
+	t.Helper()
+	p, err := policy.Parse([]byte(in))
+	if err == nil {
+		t.Fatalf("Parse(%.60q) = %v, nil; want an error", in, p)
+	}
+	return err
+}
+
+// TestAliasExpansion checks that aliases cannot make a small policy expensive.
+func TestAliasExpansion(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	b.WriteString("domain: d\nrules:\n- &r {name: r, limits: &l [")
+	for i := range 2000 {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("{algorithm: gcra, rate: 1/s}")
+	}
+	b.WriteString("]}\n")
+	for range 2000 {
+		b.WriteString("- *r\n")
+	}
+	start := time.Now()
+	_, err := policy.Parse([]byte(b.String()))
+	if err == nil || !strings.Contains(err.Error(), "the policy expands to more than 1000000 values through aliases") {
+		t.Errorf("Parse(alias bomb) = %v, want the expansion problem", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("Parse(alias bomb) took %s", d)
+	}
+
+	// Billion laughs.
+	laughs := "domain: d\na0: &a0 [x, x, x, x, x, x, x, x, x, x]\n"
+	for i := 1; i < 10; i++ {
+		laughs += fmt.Sprintf("a%d: &a%d [*a%d, *a%d, *a%d, *a%d, *a%d, *a%d, *a%d, *a%d, *a%d, *a%d]\n", i, i, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1)
+	}
+	laughs += "rules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n"
+	if got, want := problems(mustFail(t, laughs)), []string{"the policy expands to more than 1000000 values through aliases; write it out with fewer aliases"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("Parse(billion laughs) problems = %q, want %q", got, want)
+	}
+
+	// A merge key that refers to its own mapping.
+	if got, want := problems(mustFail(t, "domain: d\nrules:\n- &r {name: r, <<: *r, limits: [{algorithm: gcra, rate: 1/s}]}\n")),
+		[]string{"the alias *r refers to a value that contains it; remove the cycle"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("Parse(self merge) problems = %q, want %q", got, want)
+	}
+}
