@@ -8,7 +8,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-		"net/http"
+	"net/http"
 	"os"
 	"strings"
 	"text/tabwriter"

@@ -70,7 +70,9 @@ func NewHandler(eng *engine.Engine, opts Options) http.Handler {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/check", h.check)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, map[string]string{"status": "ok"}) })
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
 	mux.HandleFunc("GET /readyz", h.ready)
 	if opts.AdminToken != "" && opts.Admin != nil {
 		mux.HandleFunc("POST /v1/state", h.admin(h.state))

@@ -211,4 +211,3 @@ func subCheck(c algo.Check, idx []int) algo.Check {
 
 // IsCluster reports whether the store decides slot by slot.
 func (s *Store) IsCluster() bool { return s.cluster }
-
