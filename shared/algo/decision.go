@@ -143,7 +143,8 @@ type State struct {
 
 // Step decides one request of cost units on meter m, in state s, at now. It returns
 // the decisions (one per limit of the meter) and the state to store if the request is
-// charged. s is not modified; the new state shares no memory with it.
+// charged. s is not modified; an admitting step's new state shares no memory with it,
+// a denying step returns s itself.
 func (m Meter) Step(s State, now time.Time, cost int64) (State, []Decision) {
 	return m.StepMicros(s, now.UnixMicro(), cost)
 }

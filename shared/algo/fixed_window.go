@@ -1,16 +1,22 @@
 package algo
 
 // fixedWindow decides on a counter per window aligned to the Unix epoch: window
-// w = floor(now/P) admits Count units. State: Window (w), Count (units admitted in w),
-// Records (recorded values of w). In Redis: one integer string per window, named
-// KEY:w, written with INCRBY and PEXPIRE in one script, plus KEY:w:r (a hash of
-// recorded value -> units) when the meter records.
+// w = floor(now/P) admits Count units. State: Window (the newest window charged),
+// Count (its units), Prev (the units of the window before it, for a caller whose
+// clock runs a window behind), Records (recorded values of Window). In Redis: one
+// integer string per window, named KEY:w, written with INCRBY and PEXPIRE in one
+// script, plus KEY:w:r (a hash of recorded value -> units) when the meter records.
 func fixedWindow(l Limit, s State, now, cost int64, record string) (State, Decision) {
 	p, n := micros(l.Period), l.Count
 	w := floorDiv(now, p)
 	var used int64
-	if s.Set && s.Window == w {
-		used = s.Count
+	if s.Set {
+		switch w {
+		case s.Window:
+			used = s.Count
+		case s.Window - 1:
+			used = s.Prev
+		}
 	}
 	end := (w + 1) * p
 	d := Decision{Limit: n, Period: l.Period, ResetAfter: us(end - now)}
@@ -30,15 +36,38 @@ func fixedWindow(l Limit, s State, now, cost int64, record string) (State, Decis
 	if used+cost == 0 {
 		d.ResetAfter = 0
 	}
+	if s.Set && w < s.Window {
+		// A late request for an older window: charge it there, keep the newer one.
+		ns := s
+		ns.Records = copyRecords(s.Records)
+		if w == s.Window-1 {
+			ns.Prev += cost
+		}
+		return ns, d
+	}
 	ns := State{Set: true, Window: w, Count: used + cost, Expires: end}
+	if s.Set && w == s.Window+1 {
+		ns.Prev = s.Count
+	}
 	if record != "" {
-		ns.Records = make(map[string]int64, len(s.Records)+1)
 		if s.Set && s.Window == w {
-			for k, v := range s.Records {
-				ns.Records[k] = v
-			}
+			ns.Records = copyRecords(s.Records)
+		}
+		if ns.Records == nil {
+			ns.Records = make(map[string]int64, 1)
 		}
 		ns.Records[record] += cost
 	}
 	return ns, d
+}
+
+func copyRecords(r map[string]int64) map[string]int64 {
+	if r == nil {
+		return nil
+	}
+	c := make(map[string]int64, len(r)+1)
+	for k, v := range r {
+		c[k] = v
+	}
+	return c
 }

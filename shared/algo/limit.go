@@ -140,7 +140,7 @@ func (l Limit) Validate() error {
 		bad("rate", FormatRate(l.Count, l.Period), "period must be at most 366 days")
 	}
 	if l.Burst < 0 {
-		bad("burst", strconv.FormatInt(l.Burst, 10), "burst must be at least 1")
+		bad("burst", strconv.FormatInt(l.Burst, 10), "burst must be at least 1 (leave it out to use the count)")
 	} else if l.Burst > 0 && !l.Algorithm.HasBurst() && l.Algorithm.Valid() {
 		bad("burst", strconv.FormatInt(l.Burst, 10), string(l.Algorithm)+" has no burst; remove it or use token_bucket, gcra or leaky_bucket")
 	} else if l.Burst > MaxCount {
@@ -224,6 +224,9 @@ func ParseRate(s string) (count int64, period time.Duration, err error) {
 	for _, u := range units {
 		for _, name := range u.names {
 			if unit == name {
+				if time.Duration(mult) > MaxPeriod/u.d {
+					return fail("period is longer than 366 days")
+				}
 				return n, time.Duration(mult) * u.d, nil
 			}
 		}

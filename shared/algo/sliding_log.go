@@ -22,7 +22,7 @@ func slidingLog(l Limit, s State, now, cost int64, record string) (State, Decisi
 		d.ResetAfter = us(newest + p - now)
 	}
 	if used+cost > n {
-		d.Remaining = n - used
+		d.Remaining = max(0, n-used)
 		if cost > n {
 			d.RetryAfter = l.Period
 		} else {

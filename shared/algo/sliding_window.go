@@ -11,8 +11,30 @@ import (
 // estimate assumes the previous window's units were spread evenly. State: Window,
 // Count (cur), Prev. In Redis: one hash {w, c, p}.
 func slidingWindow(l Limit, s State, now, cost int64) (State, Decision) {
-	p, n := micros(l.Period), l.Count
+	p := micros(l.Period)
 	w := floorDiv(now, p)
+	var shift int64
+	if s.Set && s.Window > w {
+		// The caller's clock is behind the stored window: decide at its start, so a
+		// newer window is never overwritten by an older one, and count the times
+		// from the caller's now.
+		w = s.Window
+		shift = w*p - now
+		now = w * p
+	}
+	ns, d := slidingWindowAt(l, s, w, now, cost)
+	if d.RetryAfter > 0 && cost <= l.Count {
+		d.RetryAfter += us(shift)
+	}
+	if d.ResetAfter > 0 {
+		d.ResetAfter += us(shift)
+	}
+	return ns, d
+}
+
+// slidingWindowAt decides at now, in window w.
+func slidingWindowAt(l Limit, s State, w, now, cost int64) (State, Decision) {
+	p, n := micros(l.Period), l.Count
 	e := now - w*p
 	var cur, prev int64
 	if s.Set {

@@ -12,6 +12,9 @@ func tokenBucket(l Limit, s State, now, cost int64) (State, Decision) {
 		tokens, last = s.Tokens, s.Time
 	}
 	elapsed := math.Max(0, float64(now)-last)
+	// A request timed before the last refill (a caller's clock behind) waits for
+	// refills from that refill on: ahead is how far the refill is past now.
+	ahead := math.Max(0, last-float64(now))
 	avail := math.Min(b, tokens+elapsed*n/p)
 	d := Decision{Limit: l.Count, Period: l.Period}
 	if avail < float64(cost) {
@@ -19,15 +22,15 @@ func tokenBucket(l Limit, s State, now, cost int64) (State, Decision) {
 		if cost > l.Capacity() {
 			d.RetryAfter = l.Period
 		} else {
-			d.RetryAfter = ceilUs((float64(cost) - avail) * p / n)
+			d.RetryAfter = ceilUs(ahead + (float64(cost)-avail)*p/n)
 		}
-		d.ResetAfter = ceilUs((b - avail) * p / n)
+		d.ResetAfter = ceilUs(ahead + (b-avail)*p/n)
 		return s, d
 	}
 	left := avail - float64(cost)
 	d.Allowed = true
 	d.Remaining = int64(math.Floor(left))
-	d.ResetAfter = ceilUs((b - left) * p / n)
+	d.ResetAfter = ceilUs(ahead + (b-left)*p/n)
 	ns := State{Set: true, Tokens: left, Time: math.Max(float64(now), last)}
 	ns.Expires = now + max(micros(d.ResetAfter), 1)
 	return ns, d

@@ -4,28 +4,34 @@
 -- KEYS: the meter key K, a string: the TAT in microseconds (an integer when whole).
 -- Time: the caller's now (server TIME unless the caller passed one).
 -- TTL: until the TAT.
+-- The arithmetic is relative to now (rel = TAT - now), where doubles are exact far
+-- below a microsecond; a new TAT may pass the allowance by tat_slack (1 us) to absorb
+-- the quarter-microsecond rounding of an absolute TAT.
+local tat_slack = 1
+-- times derived from a TAT are rounded up after taking off its quarter-microsecond grid
+local function ctat(x) return cus(x - 0.25) end
 local function gcra_check(key, now, cost, lims, shape)
   local n, p, b = lims[1][1], lims[1][2], lims[1][3]
   local t = p / n
-  local tat = now
+  local rel = 0
   local v = redis.call('GET', key)
-  if v then tat = max(tonumber(v), now) end
-  local new_tat = tat + cost * t
+  if v then rel = max(0, tonumber(v) - now) end
+  local new_rel = rel + cost * t
   local burst = b * t
   local d = {0, 0, 0, 0, 0}
-  if new_tat - now > burst then
-    d[2] = max(0, floor((burst - (tat - now)) / t))
-    if cost > b then d[4] = p else d[4] = cus(new_tat - now - burst) end
-    d[3] = cus(tat - now)
+  if new_rel > burst + tat_slack then
+    d[2] = max(0, floor((burst - rel + tat_slack) / t))
+    if cost > b then d[4] = p else d[4] = ctat(new_rel - burst) end
+    d[3] = ctat(rel)
     return {d}
   end
   d[1] = 1
-  d[2] = floor((burst - (new_tat - now)) / t)
-  d[3] = cus(new_tat - now)
-  if shape then d[5] = cus(tat - now) end
+  d[2] = max(0, floor((burst - new_rel + tat_slack) / t))
+  d[3] = ctat(new_rel)
+  if shape then d[5] = ctat(rel) end
   return {d}, function()
     if cost == 0 then return {} end
-    redis.call('SET', key, num(new_tat), 'PX', ttl(new_tat - now))
+    redis.call('SET', key, num(now + new_rel), 'PX', ttl(new_rel))
     return {}
   end, {key}
 end

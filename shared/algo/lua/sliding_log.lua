@@ -17,7 +17,7 @@ function A.sliding_log.check(key, now, cost, lims, record)
     d[3] = newest + p - now
   end
   if used + cost > n then
-    d[2] = n - used
+    d[2] = max(0, n - used)
     if cost > n then
       d[4] = p
     else

@@ -12,8 +12,16 @@ end
 function A.sliding_window.check(key, now, cost, lims)
   local n, p = lims[1][1], lims[1][2]
   local w = floor(now / p)
-  local e = now - w * p
   local st = redis.call('HMGET', key, 'w', 'c', 'p')
+  local shift = 0
+  if st[1] and tonumber(st[1]) > w then
+    -- the caller's clock is behind the stored window: decide at its start, and
+    -- count the times from the caller's now (shift, added at the end)
+    w = tonumber(st[1])
+    shift = w * p - now
+    now = w * p
+  end
+  local e = now - w * p
   local cur, prev = 0, 0
   if st[1] then
     local sw = tonumber(st[1])
@@ -38,11 +46,14 @@ function A.sliding_window.check(key, now, cost, lims)
       d[4] = (w + 1) * p - now + t
     end
     d[3] = sw_reset(w, p, now, cur, prev)
+    if d[3] > 0 then d[3] = d[3] + shift end
+    if d[4] > 0 and cost <= n then d[4] = d[4] + shift end
     return {d}
   end
   d[1] = 1
   d[2] = floor(n - est - cost)
   d[3] = sw_reset(w, p, now, cur + cost, prev)
+  if d[3] > 0 then d[3] = d[3] + shift end
   return {d}, function()
     if cost == 0 then return {} end
     redis.call('HSET', key, 'w', string.format('%d', w), 'c', cur + cost, 'p', prev)

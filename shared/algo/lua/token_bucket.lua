@@ -10,18 +10,20 @@ function A.token_bucket.check(key, now, cost, lims)
   local tokens, last = b, now
   if st[1] then tokens, last = tonumber(st[1]), tonumber(st[2]) end
   local elapsed = max(0, now - last)
+  -- a request timed before the last refill waits for refills from that refill on
+  local ahead = max(0, last - now)
   local avail = min(b, tokens + elapsed * n / p)
   local d = {0, 0, 0, 0, 0}
   if avail < cost then
     d[2] = floor(avail)
-    if cost > b then d[4] = p else d[4] = cus((cost - avail) * p / n) end
-    d[3] = cus((b - avail) * p / n)
+    if cost > b then d[4] = p else d[4] = cus(ahead + (cost - avail) * p / n) end
+    d[3] = cus(ahead + (b - avail) * p / n)
     return {d}
   end
   local left = avail - cost
   d[1] = 1
   d[2] = floor(left)
-  d[3] = cus((b - left) * p / n)
+  d[3] = cus(ahead + (b - left) * p / n)
   return {d}, function()
     if cost == 0 then return {} end
     redis.call('HSET', key, 't', num(left), 's', num(max(now, last)))

@@ -1,0 +1,89 @@
+package algo_test
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+)
+
+func ExampleParseRate() {
+	for _, s := range []string{"100/s", "5/10s", "30/min", "10000/day", "1/500ms", "10/x"} {
+		count, period, err := algo.ParseRate(s)
+		if err != nil {
+			fmt.Println(err)
+			continue
+		}
+		fmt.Println(count, period, algo.FormatRate(count, period))
+	}
+	// Output:
+	// 100 1s 100/s
+	// 5 10s 5/10s
+	// 30 1m0s 30/min
+	// 10000 24h0m0s 10000/d
+	// 1 500ms 1/500ms
+	// rate: "10/x": unknown unit "x"; use ms, s, min, h or day
+}
+
+func ExampleMeter_Step() {
+	// Two requests per second, and a burst of two.
+	m := algo.Meter{Limits: []algo.Limit{{Algorithm: algo.GCRA, Count: 2, Period: time.Second, Burst: 2}}}
+	if err := m.Validate(); err != nil {
+		fmt.Println(err)
+		return
+	}
+	now := time.Date(2024, 1, 1, 12, 0, 0, 0, time.UTC)
+	var st algo.State // the empty state: a key never seen
+	for range 3 {
+		var ds []algo.Decision
+		st, ds = m.Step(st, now, 1) // a denial returns st unchanged
+		d := ds[0]
+		fmt.Printf("allowed=%v remaining=%d retry-after=%v reset-after=%v\n", d.Allowed, d.Remaining, d.RetryAfter, d.ResetAfter)
+	}
+	// Output:
+	// allowed=true remaining=1 retry-after=0s reset-after=500ms
+	// allowed=true remaining=0 retry-after=0s reset-after=1s
+	// allowed=false remaining=0 retry-after=500ms reset-after=1s
+}
+
+func ExampleHeaders() {
+	d := algo.Decision{Allowed: false, Limit: 100, Period: time.Minute, Remaining: 0,
+		ResetAfter: 17 * time.Second, RetryAfter: 2500 * time.Millisecond}
+	for _, h := range algo.Headers("per-key", d) {
+		fmt.Printf("%s: %s\n", h[0], h[1])
+	}
+	// Output:
+	// RateLimit-Policy: "per-key";q=100;w=60
+	// RateLimit: "per-key";r=0;t=17
+	// X-RateLimit-Limit: 100
+	// X-RateLimit-Remaining: 0
+	// X-RateLimit-Reset: 17
+	// Retry-After: 3
+}
+
+func ExampleKey() {
+	// Every key of one client address shares its hash tag, so one script can decide
+	// all of them in Redis Cluster.
+	tag := algo.Escape("203.0.113.7")
+	login := algo.Key("tg:", tag, "login", algo.Escape("alice@example.com"), 0)
+	api := algo.Key("tg:", tag, "api", algo.Escape("GET /v1/{id}"), 1)
+	fmt.Println(login)
+	fmt.Println(api)
+	fmt.Println(algo.HashTag(api), algo.Slot(login) == algo.Slot(api))
+	// Output:
+	// tg:{203.0.113.7}login:alice@example.com:0
+	// tg:{203.0.113.7}api:GET%20/v1/%7Bid%7D:1
+	// 203.0.113.7 true
+}
+
+func ExampleEscape() {
+	fmt.Println(algo.Escape("alice@example.com"))
+	fmt.Println(algo.Escape("2001:db8::{1}"))
+	fmt.Println(algo.Escape("") == "%")
+	fmt.Println(len(algo.Escape(string(make([]byte, 200)))))
+	// Output:
+	// alice@example.com
+	// 2001%3Adb8%3A%3A%7B1%7D
+	// true
+	// 65
+}
