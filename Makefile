@@ -29,7 +29,7 @@ test-go:
 
 ## wasm-check: shared/algo (and the filter) must compile for GOOS=wasip1 GOARCH=wasm
 wasm-check:
-	GOOS=wasip1 GOARCH=wasm $(GO) build ./shared/algo/... ./shared/memstore/...
+	GOOS=wasip1 GOARCH=wasm $(GO) build -o /dev/null ./shared/algo/... ./shared/memstore/... ./wasmfilter/
 
 ## lint: gofmt and go vet
 lint:
@@ -39,6 +39,22 @@ lint:
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
+
+## bench: side-by-side benchmarks (tollgate, redis_rate, the EVALSHA ceiling); report in dist/bench/
+bench:
+	$(GO) run ./scripts/bench
+
+## package: linux/arm64 bootstrap zips for both Lambdas under dist/
+package:
+	scripts/package.sh
+
+## invoke: run the authorizer handler on an event against the embedded Redis: make invoke EVENT=events/rest-request-authorizer.json N=3
+invoke:
+	scripts/invoke.sh $(EVENT) $(N)
+
+## wasm: the Envoy filter as dist/tollgate.wasm (needs TinyGo)
+wasm:
+	scripts/build-wasm.sh
 
 ## tf-check: terraform fmt, validate, test and an offline plan (skipped where terraform is missing)
 tf-check:

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// A value is one attribute of a request: its name and value.
+type value struct {
+	name, value string
+}
+
+// requestInfo is what the attributes are read from: the request headers (lower-case
+// names, pseudo-headers included) and the client address.
+type requestInfo struct {
+	headers [][2]string
+	// sourceAddress is Envoy's source.address property, host and port.
+	sourceAddress string
+}
+
+func (r requestInfo) header(name string) (string, bool) {
+	for _, h := range r.headers {
+		if h[0] == name {
+			return h[1], true
+		}
+	}
+	return "", false
+}
+
+// buildAttributes reads the configured attributes of a request. Attributes the request
+// does not carry are left out. An oversize value is truncated, or, when the
+// configuration says reject, its name is returned as tooLong and attrs is nil.
+func buildAttributes(c *config, r requestInfo) (attrs []value, tooLong string) {
+	attrs = make([]value, 0, len(c.attributes))
+	for _, a := range c.attributes {
+		var v string
+		var ok bool
+		switch a.from {
+		case fromHeader:
+			v, ok = r.header(a.header)
+		case fromSourceAddress:
+			v, ok = hostOnly(r.sourceAddress), r.sourceAddress != ""
+		case fromPath:
+			v, ok = r.header(":path")
+			if i := strings.IndexAny(v, "?#"); i >= 0 {
+				v = v[:i]
+			}
+		case fromPathWithQuery:
+			v, ok = r.header(":path")
+		case fromMethod:
+			v, ok = r.header(":method")
+		}
+		if !ok || v == "" {
+			continue
+		}
+		if len(v) > c.maxAttributeBytes {
+			if c.oversize == oversizeReject {
+				return nil, a.name
+			}
+			v = truncateUTF8(v, c.maxAttributeBytes)
+		}
+		attrs = append(attrs, value{a.name, v})
+	}
+	return attrs, ""
+}
+
+// hostOnly strips the port from an address such as "10.0.0.1:5678" or "[::1]:80".
+// An address without a port is returned as it is.
+func hostOnly(addr string) string {
+	if strings.HasPrefix(addr, "[") {
+		if i := strings.IndexByte(addr, ']'); i > 0 {
+			return addr[1:i]
+		}
+		return addr
+	}
+	if i := strings.LastIndexByte(addr, ':'); i >= 0 && strings.IndexByte(addr, ':') == i {
+		return addr[:i]
+	}
+	return addr
+}
+
+// truncateUTF8 cuts s to at most n bytes without splitting a UTF-8 sequence.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := n
+	for i > 0 && i > n-utf8.UTFMax+1 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i]
+}
+
+// lookup returns the value of the named attribute.
+func lookup(attrs []value, name string) (string, bool) {
+	for _, a := range attrs {
+		if a.name == name {
+			return a.value, true
+		}
+	}
+	return "", false
+}
+
+// checkBody writes the decision request:
+// {"domain": D, "attributes": {NAME: VALUE, ...}, "cost": N}.
+func checkBody(domain string, attrs []value, cost int64) []byte {
+	n := 48 + len(domain)
+	for _, a := range attrs {
+		n += len(a.name) + len(a.value) + 8
+	}
+	b := make([]byte, 0, n)
+	b = append(b, `{"domain":`...)
+	b = appendJSONString(b, domain)
+	b = append(b, `,"attributes":`...)
+	b = appendJSONObject(b, attrs)
+	b = append(b, `,"cost":`...)
+	b = strconv.AppendInt(b, cost, 10)
+	return append(b, '}')
+}
+
+// appendJSONObject appends attrs as a JSON object of strings, in order.
+func appendJSONObject(b []byte, attrs []value) []byte {
+	b = append(b, '{')
+	for i, a := range attrs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, a.name)
+		b = append(b, ':')
+		b = appendJSONString(b, a.value)
+	}
+	return append(b, '}')
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends s as a JSON string. Quotes, backslashes and control
+// characters are escaped; invalid UTF-8 becomes U+FFFD; U+2028 and U+2029 are escaped
+// so the output is also valid JavaScript.
+func appendJSONString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
+			i++
+			continue
+		}
+		if c < utf8.RuneSelf {
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}

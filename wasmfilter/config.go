@@ -1,0 +1,526 @@
+package main
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+)
+
+// Defaults and bounds of the plugin configuration.
+const (
+	defaultPath              = "/v1/check"
+	defaultTimeout           = 100 * time.Millisecond
+	maxTimeout               = 60 * time.Second
+	defaultMaxAttributeBytes = 256
+	maxAttributeBytesLimit   = 8192
+	defaultDenyCacheEntries  = 10000
+	maxDenyCacheEntries      = 1000000
+	defaultLocalMaxKeys      = 10000
+	maxLocalMaxKeys          = 1000000
+	defaultMaxDelay          = 10 * time.Second
+	maxMaxDelay              = 10 * time.Minute
+	defaultTick              = 10 * time.Millisecond
+	maxTick                  = time.Second
+	defaultMaxHeld           = 1000
+	maxMaxHeld               = 100000
+	maxCost                  = 1 << 30
+)
+
+// A source says where an attribute's value comes from.
+type source string
+
+// The attribute sources.
+const (
+	fromHeader        source = "header"          // a request header, named by attribute.header
+	fromSourceAddress source = "source.address"  // the client address, without its port
+	fromPath          source = "path"            // :path without the query string
+	fromPathWithQuery source = "path_with_query" // :path as received
+	fromMethod        source = "method"          // :method
+)
+
+// A failureMode says what the filter does when the decision callout fails.
+type failureMode string
+
+// The failure modes.
+const (
+	failOpen   failureMode = "open"   // let the request through
+	failClosed failureMode = "closed" // answer 503
+	failLocal  failureMode = "local"  // decide with the local limits
+)
+
+// An oversizePolicy says what happens to an attribute value longer than
+// maxAttributeBytes.
+type oversizePolicy string
+
+// The oversize policies.
+const (
+	oversizeTruncate oversizePolicy = "truncate" // cut it to the limit (at a UTF-8 boundary)
+	oversizeReject   oversizePolicy = "reject"   // answer 400 without a callout
+)
+
+// An attribute is one request attribute sent to the decision service.
+type attribute struct {
+	name   string
+	from   source
+	header string // lower-case header name, for fromHeader
+}
+
+// A localLimit is a limit the filter decides in its own VM when the callout fails and
+// failure_mode is "local". It applies to requests that carry every attribute of key;
+// each distinct combination of their values gets its own meter.
+type localLimit struct {
+	name  string
+	key   []string
+	meter algo.Meter
+}
+
+// A config is the parsed plugin configuration. The zero value is not valid; build it
+// with parseConfig.
+type config struct {
+	cluster   string
+	authority string
+	path      string
+	timeout   time.Duration
+	domain    string
+	cost      int64
+
+	attributes        []attribute
+	maxAttributeBytes int
+	oversize          oversizePolicy
+
+	failureMode  failureMode
+	localLimits  []localLimit
+	localMaxKeys int
+
+	denyCache        bool
+	denyCacheEntries int
+	// denyCacheKey names the attributes that identify a client in the deny cache;
+	// empty means every attribute.
+	denyCacheKey []string
+
+	maxDelay time.Duration
+	tick     time.Duration
+	maxHeld  int
+}
+
+// A configError is an invalid plugin configuration; Field is the JSON path at fault.
+type configError struct {
+	Field string
+	Msg   string
+}
+
+func (e *configError) Error() string {
+	if e.Field == "" {
+		return "invalid plugin configuration: " + e.Msg
+	}
+	return "invalid plugin configuration: " + e.Field + ": " + e.Msg
+}
+
+// defaultAttributes is the attribute set of a configuration that names none.
+var defaultAttributes = []attribute{
+	{name: "remote_address", from: fromSourceAddress},
+	{name: "path", from: fromPath},
+	{name: "method", from: fromMethod},
+}
+
+var topLevelFields = []string{
+	"cluster", "authority", "path", "timeout_ms", "domain", "cost",
+	"attributes", "max_attribute_bytes", "oversize",
+	"failure_mode", "local_limits", "local_max_keys",
+	"deny_cache", "max_delay_ms", "tick_ms", "max_held_requests",
+}
+
+// parseConfig parses and validates the plugin configuration, a JSON object. It returns
+// a *configError naming the first field at fault.
+func parseConfig(data []byte) (*config, error) {
+	if len(strings.TrimSpace(string(data))) == 0 {
+		return nil, &configError{Msg: `the configuration is empty; set at least "cluster" and "domain"`}
+	}
+	if !gjson.ValidBytes(data) {
+		return nil, &configError{Msg: "the configuration is not valid JSON"}
+	}
+	root := gjson.ParseBytes(data)
+	if !root.IsObject() {
+		return nil, &configError{Msg: "the configuration must be a JSON object"}
+	}
+	if err := knownFields(root, "", topLevelFields); err != nil {
+		return nil, err
+	}
+	c := &config{}
+	var err error
+	if c.cluster, err = str(root, "cluster", "", true); err != nil {
+		return nil, err
+	}
+	if c.authority, err = str(root, "authority", c.cluster, false); err != nil {
+		return nil, err
+	}
+	if c.path, err = str(root, "path", defaultPath, false); err != nil {
+		return nil, err
+	}
+	if !strings.HasPrefix(c.path, "/") {
+		return nil, &configError{"path", "must start with /, e.g. " + strconv.Quote(defaultPath)}
+	}
+	if c.timeout, err = millis(root, "timeout_ms", defaultTimeout, time.Millisecond, maxTimeout); err != nil {
+		return nil, err
+	}
+	if c.domain, err = str(root, "domain", "", true); err != nil {
+		return nil, err
+	}
+	if c.cost, err = integer(root, "cost", 1, 0, maxCost); err != nil {
+		return nil, err
+	}
+	if c.attributes, err = parseAttributes(root.Get("attributes")); err != nil {
+		return nil, err
+	}
+	n, err := integer(root, "max_attribute_bytes", defaultMaxAttributeBytes, 1, maxAttributeBytesLimit)
+	if err != nil {
+		return nil, err
+	}
+	c.maxAttributeBytes = int(n)
+	o, err := enum(root, "oversize", string(oversizeTruncate), string(oversizeTruncate), string(oversizeReject))
+	if err != nil {
+		return nil, err
+	}
+	c.oversize = oversizePolicy(o)
+	m, err := enum(root, "failure_mode", string(failOpen), string(failOpen), string(failClosed), string(failLocal))
+	if err != nil {
+		return nil, err
+	}
+	c.failureMode = failureMode(m)
+	if c.localLimits, err = parseLocalLimits(root.Get("local_limits"), c.attributes); err != nil {
+		return nil, err
+	}
+	if c.failureMode == failLocal && len(c.localLimits) == 0 {
+		return nil, &configError{"local_limits", `failure_mode "local" needs at least one local limit, e.g. [{"name": "per-key", "key": ["api_key"], "rate": "100/min"}]`}
+	}
+	if n, err = integer(root, "local_max_keys", defaultLocalMaxKeys, 1, maxLocalMaxKeys); err != nil {
+		return nil, err
+	}
+	c.localMaxKeys = int(n)
+	if err = parseDenyCache(root.Get("deny_cache"), c); err != nil {
+		return nil, err
+	}
+	if c.maxDelay, err = millis(root, "max_delay_ms", defaultMaxDelay, 0, maxMaxDelay); err != nil {
+		return nil, err
+	}
+	if c.tick, err = millis(root, "tick_ms", defaultTick, time.Millisecond, maxTick); err != nil {
+		return nil, err
+	}
+	if n, err = integer(root, "max_held_requests", defaultMaxHeld, 0, maxMaxHeld); err != nil {
+		return nil, err
+	}
+	c.maxHeld = int(n)
+	return c, nil
+}
+
+func parseAttributes(v gjson.Result) ([]attribute, error) {
+	if !v.Exists() {
+		return defaultAttributes, nil
+	}
+	if !v.IsArray() {
+		return nil, &configError{"attributes", `must be an array of objects such as {"name": "api_key", "from": "header", "header": "x-api-key"}`}
+	}
+	items := v.Array()
+	if len(items) == 0 {
+		return nil, &configError{"attributes", "must name at least one attribute"}
+	}
+	attrs := make([]attribute, 0, len(items))
+	seen := make(map[string]bool, len(items))
+	for i, item := range items {
+		field := "attributes[" + strconv.Itoa(i) + "]"
+		if !item.IsObject() {
+			return nil, &configError{field, "must be an object with name and from"}
+		}
+		if err := knownFields(item, field+".", []string{"name", "from", "header"}); err != nil {
+			return nil, err
+		}
+		name, err := str(item, "name", "", true)
+		if err != nil {
+			return nil, prefixed(field, err)
+		}
+		if !validName(name) {
+			return nil, &configError{field + ".name", strconv.Quote(name) + " must be 1 to 64 characters of a-z, 0-9, _, - and ."}
+		}
+		if seen[name] {
+			return nil, &configError{field + ".name", strconv.Quote(name) + " is named twice"}
+		}
+		seen[name] = true
+		from, err := enum(item, "from", "", string(fromHeader), string(fromSourceAddress), string(fromPath), string(fromPathWithQuery), string(fromMethod))
+		if err != nil {
+			return nil, prefixed(field, err)
+		}
+		a := attribute{name: name, from: source(from)}
+		header, err := str(item, "header", "", false)
+		if err != nil {
+			return nil, prefixed(field, err)
+		}
+		switch {
+		case a.from == fromHeader && header == "":
+			return nil, &configError{field + ".header", `from "header" needs the header's name, e.g. "x-api-key"`}
+		case a.from != fromHeader && header != "":
+			return nil, &configError{field + ".header", `only from "header" takes a header name; remove it`}
+		case strings.HasPrefix(header, ":"):
+			return nil, &configError{field + ".header", `pseudo-headers come from "path", "path_with_query" or "method"`}
+		}
+		a.header = strings.ToLower(header)
+		attrs = append(attrs, a)
+	}
+	return attrs, nil
+}
+
+func parseLocalLimits(v gjson.Result, attrs []attribute) ([]localLimit, error) {
+	if !v.Exists() {
+		return nil, nil
+	}
+	if !v.IsArray() {
+		return nil, &configError{"local_limits", `must be an array such as [{"name": "per-key", "key": ["api_key"], "rate": "100/min"}]`}
+	}
+	var limits []localLimit
+	seen := map[string]bool{}
+	for i, item := range v.Array() {
+		field := "local_limits[" + strconv.Itoa(i) + "]"
+		if !item.IsObject() {
+			return nil, &configError{field, "must be an object with name, key and rate"}
+		}
+		if err := knownFields(item, field+".", []string{"name", "key", "algorithm", "rate", "burst"}); err != nil {
+			return nil, err
+		}
+		name, err := str(item, "name", "", true)
+		if err != nil {
+			return nil, prefixed(field, err)
+		}
+		if !validName(name) {
+			return nil, &configError{field + ".name", strconv.Quote(name) + " must be 1 to 64 characters of a-z, 0-9, _, - and ."}
+		}
+		if seen[name] {
+			return nil, &configError{field + ".name", strconv.Quote(name) + " is named twice"}
+		}
+		seen[name] = true
+		key, err := attributeNames(item.Get("key"), field+".key", attrs)
+		if err != nil {
+			return nil, err
+		}
+		alg, err := str(item, "algorithm", string(algo.GCRA), false)
+		if err != nil {
+			return nil, prefixed(field, err)
+		}
+		rate, err := str(item, "rate", "", true)
+		if err != nil {
+			return nil, prefixed(field, err)
+		}
+		count, period, err := algo.ParseRate(rate)
+		if err != nil {
+			return nil, &configError{field + ".rate", fieldMsg(err)}
+		}
+		burst, err := integer(item, "burst", 0, 0, algo.MaxCount)
+		if err != nil {
+			return nil, prefixed(field, err)
+		}
+		l := algo.Limit{Algorithm: algo.Algorithm(alg), Count: count, Period: period, Burst: burst}
+		if err := l.Validate(); err != nil {
+			return nil, &configError{field + "." + fieldOf(err, "rate"), fieldMsg(err)}
+		}
+		limits = append(limits, localLimit{name: name, key: key, meter: algo.Meter{Limits: []algo.Limit{l}}})
+	}
+	return limits, nil
+}
+
+func parseDenyCache(v gjson.Result, c *config) error {
+	c.denyCache = true
+	c.denyCacheEntries = defaultDenyCacheEntries
+	if !v.Exists() {
+		return nil
+	}
+	if !v.IsObject() {
+		return &configError{"deny_cache", `must be an object such as {"enabled": true, "max_entries": 10000, "key": ["api_key"]}`}
+	}
+	if err := knownFields(v, "deny_cache.", []string{"enabled", "max_entries", "key"}); err != nil {
+		return err
+	}
+	if e := v.Get("enabled"); e.Exists() {
+		if e.Type != gjson.True && e.Type != gjson.False {
+			return &configError{"deny_cache.enabled", "must be true or false"}
+		}
+		c.denyCache = e.Bool()
+	}
+	n, err := integer(v, "max_entries", defaultDenyCacheEntries, 1, maxDenyCacheEntries)
+	if err != nil {
+		return prefixed("deny_cache", err)
+	}
+	c.denyCacheEntries = int(n)
+	if k := v.Get("key"); k.Exists() {
+		if c.denyCacheKey, err = attributeNames(k, "deny_cache.key", c.attributes); err != nil {
+			return err
+		}
+		if len(c.denyCacheKey) == 0 {
+			return &configError{"deny_cache.key", "must name at least one attribute (leave it out to use every attribute)"}
+		}
+	}
+	return nil
+}
+
+// attributeNames parses an array of attribute names, each of which must be configured.
+func attributeNames(v gjson.Result, field string, attrs []attribute) ([]string, error) {
+	if !v.Exists() {
+		return nil, nil
+	}
+	if !v.IsArray() {
+		return nil, &configError{field, `must be an array of attribute names, e.g. ["api_key"]`}
+	}
+	var names []string
+	for i, n := range v.Array() {
+		f := field + "[" + strconv.Itoa(i) + "]"
+		if n.Type != gjson.String {
+			return nil, &configError{f, "must be a string"}
+		}
+		if !hasAttribute(attrs, n.Str) {
+			return nil, &configError{f, strconv.Quote(n.Str) + " is not one of the configured attributes"}
+		}
+		for _, prev := range names {
+			if prev == n.Str {
+				return nil, &configError{f, strconv.Quote(n.Str) + " is named twice"}
+			}
+		}
+		names = append(names, n.Str)
+	}
+	return names, nil
+}
+
+func hasAttribute(attrs []attribute, name string) bool {
+	for _, a := range attrs {
+		if a.name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// knownFields rejects any key of obj that is not in known, so that a misspelt option
+// fails plugin start instead of being ignored.
+func knownFields(obj gjson.Result, prefix string, known []string) error {
+	var err error
+	obj.ForEach(func(k, _ gjson.Result) bool {
+		for _, f := range known {
+			if k.Str == f {
+				return true
+			}
+		}
+		err = &configError{prefix + k.Str, "unknown field; known fields are " + strings.Join(known, ", ")}
+		return false
+	})
+	return err
+}
+
+func str(obj gjson.Result, field, def string, required bool) (string, error) {
+	v := obj.Get(gjson.Escape(field))
+	if !v.Exists() {
+		if required {
+			return "", &configError{field, "is required"}
+		}
+		return def, nil
+	}
+	if v.Type != gjson.String {
+		return "", &configError{field, "must be a string"}
+	}
+	if v.Str == "" {
+		return "", &configError{field, "must not be empty"}
+	}
+	return v.Str, nil
+}
+
+func enum(obj gjson.Result, field, def string, values ...string) (string, error) {
+	s, err := str(obj, field, def, def == "")
+	if err != nil {
+		return "", err
+	}
+	for _, v := range values {
+		if s == v {
+			return s, nil
+		}
+	}
+	return "", &configError{field, strconv.Quote(s) + " is not one of " + strings.Join(values, ", ")}
+}
+
+func integer(obj gjson.Result, field string, def, lo, hi int64) (int64, error) {
+	v := obj.Get(gjson.Escape(field))
+	if !v.Exists() {
+		return def, nil
+	}
+	if v.Type != gjson.Number {
+		return 0, &configError{field, "must be a whole number"}
+	}
+	n, err := strconv.ParseInt(v.Raw, 10, 64)
+	if err != nil {
+		return 0, &configError{field, v.Raw + " is not a whole number"}
+	}
+	if n < lo || n > hi {
+		return 0, &configError{field, "must be from " + strconv.FormatInt(lo, 10) + " to " + strconv.FormatInt(hi, 10)}
+	}
+	return n, nil
+}
+
+func millis(obj gjson.Result, field string, def, lo, hi time.Duration) (time.Duration, error) {
+	n, err := integer(obj, field, int64(def/time.Millisecond), int64(lo/time.Millisecond), int64(hi/time.Millisecond))
+	return time.Duration(n) * time.Millisecond, err
+}
+
+// prefixed puts the path of the enclosing object in front of err's field.
+func prefixed(prefix string, err error) error {
+	if ce, ok := err.(*configError); ok {
+		return &configError{prefix + "." + ce.Field, ce.Msg}
+	}
+	return err
+}
+
+// fieldOf returns the field named by the first *algo.FieldError in err, or def.
+func fieldOf(err error, def string) string {
+	if fe := firstFieldError(err); fe != nil {
+		return fe.Field
+	}
+	return def
+}
+
+// fieldMsg returns the message of the first *algo.FieldError in err, or err's text.
+func fieldMsg(err error) string {
+	if fe := firstFieldError(err); fe != nil {
+		if fe.Value != "" {
+			return strconv.Quote(fe.Value) + ": " + fe.Msg
+		}
+		return fe.Msg
+	}
+	return err.Error()
+}
+
+func firstFieldError(err error) *algo.FieldError {
+	switch e := err.(type) {
+	case *algo.FieldError:
+		return e
+	case interface{ Unwrap() []error }:
+		for _, inner := range e.Unwrap() {
+			if fe := firstFieldError(inner); fe != nil {
+				return fe
+			}
+		}
+	case interface{ Unwrap() error }:
+		return firstFieldError(e.Unwrap())
+	}
+	return nil
+}
+
+// validName reports whether s is a usable attribute or limit name.
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
+}

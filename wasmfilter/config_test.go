@@ -1,0 +1,165 @@
+package main
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+)
+
+// invalidConfigs are rejected by parseConfig; field is the path the error must name.
+var invalidConfigs = []struct {
+	field  string
+	config string
+}{
+	{"empty", ``},
+	{"valid JSON", `{"cluster": `},
+	{"JSON object", `["cluster"]`},
+	{"cluster", `{"domain": "d"}`},
+	{"cluster", `{"cluster": 7, "domain": "d"}`},
+	{"domain", `{"cluster": "c"}`},
+	{"domain", `{"cluster": "c", "domain": ""}`},
+	{"clustr", `{"clustr": "c", "cluster": "c", "domain": "d"}`},
+	{"path", `{"cluster": "c", "domain": "d", "path": "v1/check"}`},
+	{"timeout_ms", `{"cluster": "c", "domain": "d", "timeout_ms": 0}`},
+	{"timeout_ms", `{"cluster": "c", "domain": "d", "timeout_ms": "100ms"}`},
+	{"timeout_ms", `{"cluster": "c", "domain": "d", "timeout_ms": 1.5}`},
+	{"cost", `{"cluster": "c", "domain": "d", "cost": -1}`},
+	{"attributes", `{"cluster": "c", "domain": "d", "attributes": {"api_key": "x-api-key"}}`},
+	{"attributes", `{"cluster": "c", "domain": "d", "attributes": []}`},
+	{"attributes[0].name", `{"cluster": "c", "domain": "d", "attributes": [{"from": "method"}]}`},
+	{"attributes[0].name", `{"cluster": "c", "domain": "d", "attributes": [{"name": "Api Key", "from": "method"}]}`},
+	{"attributes[1].name", `{"cluster": "c", "domain": "d", "attributes": [{"name": "m", "from": "method"}, {"name": "m", "from": "path"}]}`},
+	{"attributes[0].from", `{"cluster": "c", "domain": "d", "attributes": [{"name": "k", "from": "cookie"}]}`},
+	{"attributes[0].header", `{"cluster": "c", "domain": "d", "attributes": [{"name": "k", "from": "header"}]}`},
+	{"attributes[0].header", `{"cluster": "c", "domain": "d", "attributes": [{"name": "k", "from": "method", "header": "x"}]}`},
+	{"attributes[0].header", `{"cluster": "c", "domain": "d", "attributes": [{"name": "k", "from": "header", "header": ":path"}]}`},
+	{"attributes[0].value", `{"cluster": "c", "domain": "d", "attributes": [{"name": "k", "from": "method", "value": "x"}]}`},
+	{"max_attribute_bytes", `{"cluster": "c", "domain": "d", "max_attribute_bytes": 0}`},
+	{"oversize", `{"cluster": "c", "domain": "d", "oversize": "drop"}`},
+	{"failure_mode", `{"cluster": "c", "domain": "d", "failure_mode": "fail-open"}`},
+	{"local_limits", `{"cluster": "c", "domain": "d", "failure_mode": "local"}`},
+	{"local_limits", `{"cluster": "c", "domain": "d", "local_limits": {"name": "x"}}`},
+	{"local_limits[0].rate", `{"cluster": "c", "domain": "d", "local_limits": [{"name": "x", "rate": "5 per minute"}]}`},
+	{"local_limits[0].rate", `{"cluster": "c", "domain": "d", "local_limits": [{"name": "x"}]}`},
+	{"local_limits[0].algorithm", `{"cluster": "c", "domain": "d", "local_limits": [{"name": "x", "rate": "5/min", "algorithm": "lossy"}]}`},
+	{"local_limits[0].burst", `{"cluster": "c", "domain": "d", "local_limits": [{"name": "x", "rate": "5/min", "algorithm": "fixed_window", "burst": 3}]}`},
+	{"local_limits[0].key[0]", `{"cluster": "c", "domain": "d", "local_limits": [{"name": "x", "rate": "5/min", "key": ["user"]}]}`},
+	{"local_limits[1].name", `{"cluster": "c", "domain": "d", "local_limits": [{"name": "x", "rate": "5/min"}, {"name": "x", "rate": "5/s"}]}`},
+	{"deny_cache", `{"cluster": "c", "domain": "d", "deny_cache": true}`},
+	{"deny_cache.enabled", `{"cluster": "c", "domain": "d", "deny_cache": {"enabled": "yes"}}`},
+	{"deny_cache.max_entries", `{"cluster": "c", "domain": "d", "deny_cache": {"max_entries": 0}}`},
+	{"deny_cache.key", `{"cluster": "c", "domain": "d", "deny_cache": {"key": []}}`},
+	{"deny_cache.key[0]", `{"cluster": "c", "domain": "d", "deny_cache": {"key": ["api_key"]}}`},
+	{"deny_cache.ttl", `{"cluster": "c", "domain": "d", "deny_cache": {"ttl": 5}}`},
+	{"max_delay_ms", `{"cluster": "c", "domain": "d", "max_delay_ms": -1}`},
+	{"tick_ms", `{"cluster": "c", "domain": "d", "tick_ms": 5000}`},
+	{"max_held_requests", `{"cluster": "c", "domain": "d", "max_held_requests": 1000001}`},
+}
+
+func TestParseConfigRejects(t *testing.T) {
+	t.Parallel()
+	for _, tc := range invalidConfigs {
+		c, err := parseConfig([]byte(tc.config))
+		var ce *configError
+		if !errors.As(err, &ce) {
+			t.Errorf("parseConfig(%s) = %v, %v; want a *configError", tc.config, c, err)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("parseConfig(%s) error %q does not name %q", tc.config, err, tc.field)
+		}
+	}
+}
+
+func TestParseConfigDefaults(t *testing.T) {
+	t.Parallel()
+	c, err := parseConfig([]byte(`{"cluster": "tollgate_decision", "domain": "public-api"}`))
+	if err != nil {
+		t.Fatalf("parseConfig(minimal) error: %v", err)
+	}
+	want := &config{
+		cluster:           "tollgate_decision",
+		authority:         "tollgate_decision",
+		path:              "/v1/check",
+		timeout:           100 * time.Millisecond,
+		domain:            "public-api",
+		cost:              1,
+		attributes:        defaultAttributes,
+		maxAttributeBytes: 256,
+		oversize:          oversizeTruncate,
+		failureMode:       failOpen,
+		localMaxKeys:      10000,
+		denyCache:         true,
+		denyCacheEntries:  10000,
+		maxDelay:          10 * time.Second,
+		tick:              10 * time.Millisecond,
+		maxHeld:           1000,
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("parseConfig(minimal) = %+v, want %+v", c, want)
+	}
+}
+
+func TestParseConfigFull(t *testing.T) {
+	t.Parallel()
+	c, err := parseConfig([]byte(`{
+		"cluster": "tollgate_decision", "authority": "limiter.internal", "path": "/check",
+		"timeout_ms": 40, "domain": "public-api", "cost": 2,
+		"attributes": [{"name": "api_key", "from": "header", "header": "X-Api-Key"}, {"name": "method", "from": "method"}],
+		"max_attribute_bytes": 128, "oversize": "reject",
+		"failure_mode": "local",
+		"local_limits": [{"name": "local", "key": ["api_key"], "algorithm": "token_bucket", "rate": "10/s", "burst": 20}],
+		"local_max_keys": 500,
+		"deny_cache": {"enabled": false, "max_entries": 5, "key": ["api_key"]},
+		"max_delay_ms": 0, "tick_ms": 25, "max_held_requests": 0
+	}`))
+	if err != nil {
+		t.Fatalf("parseConfig(full) error: %v", err)
+	}
+	if c.authority != "limiter.internal" || c.path != "/check" || c.timeout != 40*time.Millisecond || c.cost != 2 {
+		t.Errorf("parseConfig(full) callout fields = %q %q %v %d", c.authority, c.path, c.timeout, c.cost)
+	}
+	if c.attributes[0].header != "x-api-key" {
+		t.Errorf("header name = %q, want it lower-cased", c.attributes[0].header)
+	}
+	wantLimit := algo.Limit{Algorithm: algo.TokenBucket, Count: 10, Period: time.Second, Burst: 20}
+	if len(c.localLimits) != 1 || c.localLimits[0].meter.Limits[0] != wantLimit || !reflect.DeepEqual(c.localLimits[0].key, []string{"api_key"}) {
+		t.Errorf("local limits = %+v, want one %v keyed by api_key", c.localLimits, wantLimit)
+	}
+	if c.denyCache || c.denyCacheEntries != 5 || c.maxDelay != 0 || c.tick != 25*time.Millisecond || c.maxHeld != 0 || c.oversize != oversizeReject {
+		t.Errorf("parseConfig(full) = %+v", c)
+	}
+}
+
+// FuzzParseConfig checks that no configuration crashes the parser (TinyGo on wasi
+// cannot recover a panic) and that every accepted one is usable.
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte(`{"cluster": "c", "domain": "d"}`))
+	for _, tc := range invalidConfigs {
+		f.Add([]byte(tc.config))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := parseConfig(data)
+		if err != nil {
+			if c != nil {
+				t.Fatalf("parseConfig returned a config and the error %v", err)
+			}
+			return
+		}
+		if c.cluster == "" || c.domain == "" || len(c.attributes) == 0 || c.timeout <= 0 || c.tick <= 0 {
+			t.Fatalf("parseConfig accepted an unusable config %+v", c)
+		}
+		if c.failureMode == failLocal && len(c.localLimits) == 0 {
+			t.Fatalf("failure mode local without local limits accepted")
+		}
+		for _, l := range c.localLimits {
+			if err := l.meter.Validate(); err != nil {
+				t.Fatalf("accepted an invalid local limit: %v", err)
+			}
+		}
+	})
+}

@@ -1,0 +1,76 @@
+//go:build !wasip1
+
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// goTool runs the go command in this package's directory for GOOS=wasip1 GOARCH=wasm.
+func goTool(t *testing.T, args ...string) string {
+	t.Helper()
+	bin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("the go command is not on PATH")
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// TestBuildsForWasip1 compiles the filter for GOOS=wasip1 GOARCH=wasm, the nearest the
+// standard toolchain gets to TinyGo's wasi target.
+func TestBuildsForWasip1(t *testing.T) {
+	t.Parallel()
+	goTool(t, "build", "-o", filepath.Join(t.TempDir(), "tollgate.wasm"), ".")
+}
+
+// TestDependencies keeps the filter's imports TinyGo-friendly: no Redis client, no
+// networking (the host does the I/O), and no encoding/json of its own. gjson's
+// dependency github.com/tidwall/pretty imports encoding/json (for its Color helper),
+// which no version of pretty avoids; that edge is the only one allowed.
+func TestDependencies(t *testing.T) {
+	t.Parallel()
+	out := goTool(t, "list", "-deps", "-f", "{{.ImportPath}}:{{range .Imports}} {{.}}{{end}}", ".")
+	importers := map[string][]string{} // package -> the packages that import it
+	var all []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		pkg, imports, _ := strings.Cut(line, ":")
+		all = append(all, pkg)
+		for _, imp := range strings.Fields(imports) {
+			importers[imp] = append(importers[imp], pkg)
+		}
+	}
+	allowedImporters := map[string][]string{
+		"encoding/json": {"github.com/tidwall/pretty"},
+	}
+	for _, pkg := range all {
+		forbidden := pkg == "net" || strings.HasPrefix(pkg, "net/") ||
+			pkg == "encoding/json" || pkg == "os/exec" ||
+			strings.HasPrefix(pkg, "github.com/redis/go-redis") ||
+			strings.HasPrefix(pkg, "google.golang.org/grpc") ||
+			strings.HasPrefix(pkg, "google.golang.org/protobuf")
+		if !forbidden {
+			continue
+		}
+		for _, by := range importers[pkg] {
+			if !slices.Contains(allowedImporters[pkg], by) {
+				t.Errorf("the filter depends on %s (imported by %s); it must stay TinyGo-safe", pkg, by)
+			}
+		}
+	}
+	for _, want := range []string{"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm", "github.com/tidwall/gjson", "github.com/tollgate-dev/tollgate/shared/memstore"} {
+		if !slices.Contains(all, want) {
+			t.Errorf("go list -deps does not list %s; is the check looking at the filter?", want)
+		}
+	}
+}

@@ -1,0 +1,344 @@
+package main
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/tidwall/gjson"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+)
+
+// maxCalloutBody bounds how much of the decision service's answer is read.
+const maxCalloutBody = 64 << 10
+
+// rateLimitHeaders are the decision service's headers that are passed on to the client.
+var rateLimitHeaders = []string{"ratelimit-policy", "ratelimit", "x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"}
+
+// httpContext is one request. Its state lives here, never in maps keyed by callout
+// ID: Envoy reuses callout IDs.
+type httpContext struct {
+	types.DefaultHttpContext
+	contextID uint32
+	plugin    *pluginContext
+
+	attrs     []value
+	identity  string // the deny cache's key for this client
+	cacheable bool   // identity is set and the deny cache is on
+
+	// respHeaders are added to the response once, by OnHttpResponseHeaders.
+	respHeaders [][2]string
+	// headersDone is set once the response needs no more headers: they were added,
+	// or the filter sent a local reply (which passes OnHttpResponseHeaders too).
+	headersDone bool
+}
+
+func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) types.Action {
+	p := h.plugin
+	if p.cfg == nil {
+		return types.ActionContinue
+	}
+	headers, err := proxywasm.GetHttpRequestHeaders()
+	if err != nil {
+		proxywasm.LogWarnf("tollgate: read the request headers: %v", err)
+	}
+	info := requestInfo{headers: headers}
+	if p.cfg.needs(fromSourceAddress) {
+		if b, err := proxywasm.GetProperty([]string{"source", "address"}); err == nil {
+			info.sourceAddress = string(b)
+		}
+	}
+	attrs, tooLong := buildAttributes(p.cfg, info)
+	if tooLong != "" {
+		p.metrics.rejected.Increment(1)
+		body := append([]byte(`{"error":"attribute too long","field":`), appendJSONString(nil, tooLong)...)
+		return h.reply(400, nil, append(body, '}'))
+	}
+	h.attrs = attrs
+	if p.cache != nil {
+		h.identity, h.cacheable = p.cfg.identity(attrs)
+		if h.cacheable {
+			now := p.now()
+			if e, ok := p.cache.lookup(h.identity, now); ok {
+				p.metrics.cacheHits.Increment(1)
+				p.metrics.denied.Increment(1)
+				return h.reply(429, e.headers(now), deniedBody(p.cfg.domain, e.rule, time.Duration(e.until-now.UnixMilli())*time.Millisecond))
+			}
+		}
+	}
+	callout := [][2]string{
+		{":method", "POST"},
+		{":path", p.cfg.path},
+		{":authority", p.cfg.authority},
+		{"content-type", "application/json"},
+		{"accept", "application/json"},
+	}
+	body := checkBody(p.cfg.domain, attrs, p.cfg.cost)
+	if _, err := proxywasm.DispatchHttpCall(p.cfg.cluster, callout, body, nil, uint32(p.cfg.timeout/time.Millisecond), h.onCheckResponse); err != nil {
+		p.metrics.calloutFailures.Increment(1)
+		return h.failureMode("dispatch to cluster " + strconv.Quote(p.cfg.cluster) + ": " + err.Error())
+	}
+	return types.ActionPause
+}
+
+// onCheckResponse receives the decision service's answer, or Envoy's word that the
+// callout failed (a 503 or 504 of its own, or no headers at all).
+func (h *httpContext) onCheckResponse(numHeaders, bodySize, numTrailers int) {
+	if h.decide(numHeaders, bodySize) == types.ActionContinue {
+		if err := proxywasm.ResumeHttpRequest(); err != nil {
+			proxywasm.LogWarnf("tollgate: resume request: %v", err)
+		}
+	}
+}
+
+// decide acts on the callout's answer. It returns ActionContinue when the request
+// should go on now, and ActionPause when it was answered locally or is held.
+func (h *httpContext) decide(numHeaders, bodySize int) types.Action {
+	var headers [][2]string
+	if numHeaders > 0 {
+		var err error
+		if headers, err = proxywasm.GetHttpCallResponseHeaders(); err != nil {
+			headers = nil
+		}
+	}
+	var body []byte
+	if bodySize > 0 {
+		body, _ = proxywasm.GetHttpCallResponseBody(0, min(bodySize, maxCalloutBody))
+	}
+	status, _ := headerValue(headers, ":status")
+	switch status {
+	case "200":
+		return h.allowed(headers, body)
+	case "429":
+		return h.denied(headers, body)
+	case "":
+		h.plugin.metrics.calloutFailures.Increment(1)
+		return h.failureMode("the callout failed without a response")
+	default:
+		h.plugin.metrics.calloutFailures.Increment(1)
+		reason := "the callout returned status " + status
+		if e := gjson.GetBytes(body, "error"); e.Type == gjson.String {
+			reason += ": " + e.Str
+		}
+		return h.failureMode(reason)
+	}
+}
+
+// allowed handles a 200: the request goes on, now or after the shaping delay.
+func (h *httpContext) allowed(headers [][2]string, body []byte) types.Action {
+	h.respHeaders = pick(headers, rateLimitHeaders)
+	var delay time.Duration
+	if v, ok := headerValue(headers, "x-tollgate-delay-ms"); ok {
+		if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms > 0 {
+			delay = time.Duration(ms) * time.Millisecond
+		}
+	} else if d := gjson.GetBytes(body, "delay_ms"); d.Type == gjson.Number && d.Int() > 0 {
+		delay = time.Duration(d.Int()) * time.Millisecond
+	}
+	return h.admit(delay, ruleOf(headers, body))
+}
+
+// admit lets the request go on after delay, holding it meanwhile. A delay beyond
+// max_delay_ms, or one that finds max_held_requests already held, is answered 429.
+func (h *httpContext) admit(delay time.Duration, rule string) types.Action {
+	p := h.plugin
+	if delay <= 0 {
+		p.metrics.allowed.Increment(1)
+		return types.ActionContinue
+	}
+	if delay > p.cfg.maxDelay || !p.hold(h.contextID, p.now().Add(delay)) {
+		p.metrics.denied.Increment(1)
+		hs := append([][2]string{{"retry-after", strconv.FormatInt(algo.RetryAfterSeconds(delay), 10)}}, h.respHeaders...)
+		return h.reply(429, hs, deniedBody(p.cfg.domain, rule, delay))
+	}
+	p.metrics.shaped.Increment(1)
+	p.metrics.allowed.Increment(1)
+	return types.ActionPause
+}
+
+// denied handles a 429: answer it locally with the service's headers, and remember
+// the client in the deny cache until its retry time.
+func (h *httpContext) denied(headers [][2]string, body []byte) types.Action {
+	p := h.plugin
+	now := p.now()
+	var retry time.Duration
+	if r := gjson.GetBytes(body, "retry_after_ms"); r.Type == gjson.Number && r.Int() > 0 {
+		retry = time.Duration(r.Int()) * time.Millisecond
+	}
+	retryAfter, ok := headerValue(headers, "retry-after")
+	if secs, err := strconv.ParseInt(retryAfter, 10, 64); ok && err == nil && secs > 0 {
+		if retry <= 0 {
+			retry = time.Duration(secs) * time.Second
+		}
+	} else {
+		retryAfter = strconv.FormatInt(algo.RetryAfterSeconds(retry), 10)
+	}
+	rule := ruleOf(headers, body)
+	if p.cache != nil && h.cacheable && retry > 0 {
+		e := denyEntry{
+			identity: h.identity,
+			until:    now.Add(retry).UnixMilli(),
+			stored:   now.UnixMilli(),
+			rule:     rule,
+		}
+		e.policy, _ = headerValue(headers, "ratelimit-policy")
+		e.limit, _ = headerValue(headers, "ratelimit")
+		e.xLimit, _ = headerValue(headers, "x-ratelimit-limit")
+		e.xReset, _ = headerValue(headers, "x-ratelimit-reset")
+		if err := p.cache.store(e); err != nil {
+			proxywasm.LogWarnf("tollgate: cache the denial: %v", err)
+		}
+	}
+	p.metrics.denied.Increment(1)
+	hs := append([][2]string{{"retry-after", retryAfter}}, pick(headers, rateLimitHeaders)...)
+	return h.reply(429, hs, deniedBody(p.cfg.domain, rule, retry))
+}
+
+// failureMode decides a request whose callout failed.
+func (h *httpContext) failureMode(reason string) types.Action {
+	p := h.plugin
+	p.metrics.failureMode.Increment(1)
+	proxywasm.LogWarnf("tollgate: decision callout failed (%s); failure mode %s", reason, p.cfg.failureMode)
+	switch p.cfg.failureMode {
+	case failClosed:
+		return h.reply(503, [][2]string{{"retry-after", "1"}}, []byte(`{"error":"rate limiter unavailable"}`))
+	case failLocal:
+		return h.local()
+	default:
+		p.metrics.allowed.Increment(1)
+		return types.ActionContinue
+	}
+}
+
+// local decides the request with the local limits.
+func (h *httpContext) local() types.Action {
+	p := h.plugin
+	now := p.now()
+	v := p.local.decide(h.attrs, p.cfg.cost, now)
+	if v.name != "" {
+		for _, kv := range algo.Headers(v.name, v.decision) {
+			name := strings.ToLower(kv[0])
+			if name != "retry-after" {
+				h.respHeaders = append(h.respHeaders, [2]string{name, kv[1]})
+			}
+		}
+	}
+	if v.allowed {
+		return h.admit(v.delay, v.name)
+	}
+	p.metrics.denied.Increment(1)
+	hs := append([][2]string{{"retry-after", strconv.FormatInt(algo.RetryAfterSeconds(v.decision.RetryAfter), 10)}}, h.respHeaders...)
+	return h.reply(429, hs, deniedBody(p.cfg.domain, v.name, v.decision.RetryAfter))
+}
+
+// reply sends a local response with a JSON body and returns ActionPause, the action
+// that must follow it. If the response cannot be sent the request goes on.
+func (h *httpContext) reply(status uint32, headers [][2]string, body []byte) types.Action {
+	h.headersDone = true
+	headers = append(headers, [2]string{"content-type", "application/json"})
+	if err := proxywasm.SendHttpResponse(status, headers, body, -1); err != nil {
+		proxywasm.LogErrorf("tollgate: send the local %d response: %v", status, err)
+		return types.ActionContinue
+	}
+	return types.ActionPause
+}
+
+func (h *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) types.Action {
+	if h.headersDone {
+		return types.ActionContinue
+	}
+	h.headersDone = true
+	for _, kv := range h.respHeaders {
+		if err := proxywasm.AddHttpResponseHeader(kv[0], kv[1]); err != nil {
+			proxywasm.LogWarnf("tollgate: add response header %s: %v", kv[0], err)
+		}
+	}
+	return types.ActionContinue
+}
+
+func (h *httpContext) OnHttpStreamDone() {
+	h.plugin.release(h.contextID)
+}
+
+// deniedBody is the JSON body of a 429.
+func deniedBody(domain, rule string, retry time.Duration) []byte {
+	b := append([]byte(nil), `{"allowed":false,"error":"too many requests","domain":`...)
+	b = appendJSONString(b, domain)
+	if rule != "" {
+		b = append(b, `,"rule":`...)
+		b = appendJSONString(b, rule)
+	}
+	b = append(b, `,"retry_after_ms":`...)
+	b = strconv.AppendInt(b, max(0, retry.Milliseconds()), 10)
+	return append(b, '}')
+}
+
+// ruleOf names the deciding rule: the body's "rule", else the name of the first item
+// of the RateLimit header.
+func ruleOf(headers [][2]string, body []byte) string {
+	if r := gjson.GetBytes(body, "rule"); r.Type == gjson.String {
+		return r.Str
+	}
+	v, _ := headerValue(headers, "ratelimit")
+	if len(v) > 1 && v[0] == '"' {
+		if i := strings.IndexByte(v[1:], '"'); i >= 0 {
+			return v[1 : i+1]
+		}
+	}
+	return ""
+}
+
+// headerValue returns the first value of a header; names are lower-case.
+func headerValue(headers [][2]string, name string) (string, bool) {
+	for _, h := range headers {
+		if strings.EqualFold(h[0], name) {
+			return h[1], true
+		}
+	}
+	return "", false
+}
+
+// pick returns the headers named in names, in the order of names, names lower-cased.
+func pick(headers [][2]string, names []string) [][2]string {
+	var out [][2]string
+	for _, n := range names {
+		if v, ok := headerValue(headers, n); ok {
+			out = append(out, [2]string{n, v})
+		}
+	}
+	return out
+}
+
+// needs reports whether some attribute comes from src.
+func (c *config) needs(src source) bool {
+	for _, a := range c.attributes {
+		if a.from == src {
+			return true
+		}
+	}
+	return false
+}
+
+// identity returns the deny cache's identity of a request: its deny_cache.key
+// attributes (every attribute when the key is not set) as a JSON object. ok is false
+// when a key attribute is missing, or the request carries no attribute at all.
+func (c *config) identity(attrs []value) (id string, ok bool) {
+	if len(c.denyCacheKey) == 0 {
+		if len(attrs) == 0 {
+			return "", false
+		}
+		return string(appendJSONObject(nil, attrs)), true
+	}
+	kv := make([]value, 0, len(c.denyCacheKey))
+	for _, name := range c.denyCacheKey {
+		v, found := lookup(attrs, name)
+		if !found {
+			return "", false
+		}
+		kv = append(kv, value{name, v})
+	}
+	return string(appendJSONObject(nil, kv)), true
+}

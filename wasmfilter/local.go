@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/memstore"
+)
+
+// A localVerdict is the answer of the local limits to one request.
+type localVerdict struct {
+	allowed bool
+	// name and decision are the most restrictive limit's: on a denial the one that
+	// frees up last, else the one with the least remaining. Empty name: no limit
+	// applied.
+	name     string
+	decision algo.Decision
+	delay    time.Duration
+}
+
+// localLimiter decides the local limits with the Go models of shared/algo, in the VM's
+// memory: each Envoy worker has its own VM and so its own counts.
+type localLimiter struct {
+	limits []localLimit
+	store  *memstore.Store
+}
+
+func newLocalLimiter(c *config, clock func() time.Time) *localLimiter {
+	if len(c.localLimits) == 0 {
+		return nil
+	}
+	return &localLimiter{limits: c.localLimits, store: memstore.New(c.localMaxKeys, clock)}
+}
+
+// decide charges cost on every local limit whose key attributes the request carries,
+// all or nothing.
+func (l *localLimiter) decide(attrs []value, cost int64, now time.Time) localVerdict {
+	check := algo.Check{Cost: cost, Now: now.UnixMicro()}
+	var names []string
+	for _, lim := range l.limits {
+		key, ok := localKey(lim, attrs)
+		if !ok {
+			continue
+		}
+		check.Keys = append(check.Keys, key)
+		check.Meters = append(check.Meters, lim.meter)
+		names = append(names, lim.name)
+	}
+	if len(check.Meters) == 0 {
+		return localVerdict{allowed: true}
+	}
+	out, err := l.store.Decide(context.Background(), check)
+	if err != nil {
+		// Only a malformed check fails, and decide builds none: admit.
+		return localVerdict{allowed: true}
+	}
+	v := localVerdict{allowed: out.Allowed}
+	picked := false
+	for i, ds := range out.Decisions {
+		for _, d := range ds {
+			v.delay = max(v.delay, d.Delay)
+			if !picked || moreRestrictive(d, v.decision) {
+				picked, v.name, v.decision = true, names[i], d
+			}
+		}
+	}
+	if !out.Allowed {
+		v.delay = 0
+	}
+	return v
+}
+
+// moreRestrictive reports whether decision a should be reported rather than b: a
+// denial over an admission, then the later retry, then the fewer remaining units.
+func moreRestrictive(a, b algo.Decision) bool {
+	if a.Allowed != b.Allowed {
+		return !a.Allowed
+	}
+	if !a.Allowed {
+		return a.RetryAfter > b.RetryAfter
+	}
+	return a.Remaining < b.Remaining
+}
+
+// localKey is the store key of limit lim for a request: the limit's name and the
+// values of its key attributes. ok is false when the request lacks one of them.
+func localKey(lim localLimit, attrs []value) (key string, ok bool) {
+	kv := make([]value, 0, len(lim.key))
+	for _, name := range lim.key {
+		v, found := lookup(attrs, name)
+		if !found {
+			return "", false
+		}
+		kv = append(kv, value{name, v})
+	}
+	b := append([]byte(lim.name), ':')
+	return string(appendJSONObject(b, kv)), true
+}
