@@ -45,7 +45,8 @@ locals {
       REDIS_CACHE_NAME = local.cache_id
     } : {},
     local.iam_auth && local.serverless ? { REDIS_IAM_SERVERLESS = "true" } : {},
-    var.policy != null ? { TOLLGATE_POLICY = var.policy } : {},
+    var.policy_file != null ? { TOLLGATE_POLICY = var.policy_file } : {},
+    var.policy_json != null ? { TOLLGATE_POLICY_JSON = var.policy_json } : {},
   )
 
   functions = {

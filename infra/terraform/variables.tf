@@ -314,13 +314,13 @@ variable "authorizer_memory_size" {
 }
 
 variable "authorizer_timeout" {
-  description = "Timeout of the authorizer function in seconds. API Gateway waits at most 10 seconds for an authorizer; keep this short so the failure policy, not the timeout, decides."
+  description = "Timeout of the authorizer function in seconds, at most 10 (an HTTP API waits no longer for its authorizer). Keep it short so the failure policy, not the timeout, decides."
   type        = number
   default     = 3
 
   validation {
     condition     = var.authorizer_timeout >= 1 && var.authorizer_timeout <= 10
-    error_message = "The authorizer_timeout must be from 1 to 10 seconds (API Gateway's authorizer limit)."
+    error_message = "The authorizer_timeout must be from 1 to 10 seconds."
   }
 }
 
@@ -368,14 +368,35 @@ variable "limiter_reserved_concurrency" {
   }
 }
 
-variable "policy" {
-  description = "Value of TOLLGATE_POLICY for both functions (the rate-limit policy, YAML or JSON). Null leaves the variable unset so the functions use the policy.yaml packaged in their zip. Lambda allows 4 KB of environment in all."
+variable "policy_file" {
+  description = "Value of TOLLGATE_POLICY for both functions: the path of the policy file (YAML or JSON) inside the function, e.g. /var/task/strict.yaml for another file packaged in the zip. Null leaves it unset so the functions use the policy.yaml next to bootstrap."
   type        = string
   default     = null
+
+  validation {
+    condition     = var.policy_file == null || try(length(trimspace(var.policy_file)) > 0, false)
+    error_message = "The policy_file must be null or a non-empty path."
+  }
+}
+
+variable "policy_json" {
+  description = "Value of TOLLGATE_POLICY_JSON for both functions: an inline policy document in JSON, used instead of a file (e.g. jsonencode({...})). Lambda allows 4 KB of environment in all. Excludes policy_file."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.policy_json == null || can(jsondecode(var.policy_json))
+    error_message = "The policy_json must be a JSON document."
+  }
+
+  validation {
+    condition     = var.policy_json == null || var.policy_file == null
+    error_message = "Set policy_file or policy_json, not both: the functions refuse TOLLGATE_POLICY together with TOLLGATE_POLICY_JSON."
+  }
 }
 
 variable "environment_variables" {
-  description = "Extra environment variables for both functions. The cache wiring (REDIS_*) and TOLLGATE_POLICY take precedence over entries of the same name."
+  description = "Extra environment variables for both functions. The cache wiring (REDIS_*) and the policy variables (TOLLGATE_POLICY, TOLLGATE_POLICY_JSON) take precedence over entries of the same name. Useful ones: REDIS_POOL_SIZE, REDIS_CONN_MAX_LIFETIME, TOLLGATE_METRICS."
   type        = map(string)
   default     = {}
 }
@@ -549,7 +570,7 @@ variable "limiter_function_url_allowed_principals" {
 ################################################################################
 
 variable "metrics_namespace" {
-  description = "CloudWatch namespace of the functions' embedded-metric-format (EMF) metrics, such as FailureModeActivations."
+  description = "CloudWatch namespace of the functions' embedded-metric-format (EMF) metrics, such as FailureModeActivations; it must match the namespace the functions write (Tollgate)."
   type        = string
   default     = "Tollgate"
 

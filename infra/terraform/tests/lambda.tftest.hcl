@@ -1,0 +1,114 @@
+# The two functions: runtime and package, logging, VPC, concurrency, extra
+# environment, and the decision service's Function URL.
+
+mock_provider "aws" {
+  source          = "./tests/mocks"
+  override_during = plan
+}
+
+variables {
+  vpc_id             = "vpc-0123456789abcdef0"
+  subnet_ids         = ["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"]
+  authorizer_package = "tests/fixtures/placeholder.zip"
+  limiter_package    = "tests/fixtures/placeholder.zip"
+}
+
+run "functions_and_function_url" {
+  command = plan
+
+  variables {
+    limiter_function_url_allowed_principals = ["arn:aws:iam::123456789012:role/envoy"]
+  }
+
+  assert {
+    condition = alltrue([
+      for fn in aws_lambda_function.this :
+      fn.runtime == "provided.al2023" && fn.architectures == tolist(["arm64"]) && fn.handler == "bootstrap"
+    ])
+    error_message = "Both functions must run bootstrap on provided.al2023/arm64."
+  }
+
+  assert {
+    condition     = aws_lambda_function.this["authorizer"].source_code_hash == filebase64sha256("tests/fixtures/placeholder.zip")
+    error_message = "The function must redeploy when its zip changes."
+  }
+
+  assert {
+    condition     = alltrue([for fn in aws_lambda_function.this : fn.logging_config[0].log_format == "JSON" && fn.logging_config[0].application_log_level == "INFO"])
+    error_message = "The functions must log in JSON so Lambda can filter by level."
+  }
+
+  assert {
+    condition     = aws_lambda_function.this["authorizer"].logging_config[0].log_group == "/aws/lambda/tollgate-authorizer" && aws_cloudwatch_log_group.this["authorizer"].retention_in_days == 30
+    error_message = "The authorizer must log to its own log group with a retention."
+  }
+
+  assert {
+    condition     = aws_lambda_function.this["authorizer"].vpc_config[0].subnet_ids == toset(var.subnet_ids)
+    error_message = "The functions must run in the given private subnets."
+  }
+
+  assert {
+    condition     = alltrue([for fn in aws_lambda_function.this : fn.reserved_concurrent_executions == -1])
+    error_message = "Without reserved concurrency the functions must use the unreserved pool."
+  }
+
+  assert {
+    condition = (
+      aws_lambda_function_url.limiter[0].function_name == "tollgate-limiter" &&
+      aws_lambda_function_url.limiter[0].authorization_type == "AWS_IAM" &&
+      aws_lambda_function_url.limiter[0].invoke_mode == "RESPONSE_STREAM"
+    )
+    error_message = "The decision service must be exposed by an AWS_IAM, RESPONSE_STREAM Function URL."
+  }
+
+  assert {
+    condition = (
+      aws_lambda_permission.limiter_function_url["arn:aws:iam::123456789012:role/envoy"].action == "lambda:InvokeFunctionUrl" &&
+      aws_lambda_permission.limiter_function_url["arn:aws:iam::123456789012:role/envoy"].function_url_auth_type == "AWS_IAM"
+    )
+    error_message = "Listed principals must be allowed to invoke the Function URL."
+  }
+
+  assert {
+    condition     = length(aws_lambda_permission.limiter_function_url_public) == 0
+    error_message = "An AWS_IAM Function URL must not be public."
+  }
+}
+
+run "concurrency_environment_and_no_function_url" {
+  command = plan
+
+  variables {
+    authorizer_reserved_concurrency = 100
+    create_limiter_function_url     = false
+    policy_json                     = "{\"rules\":[]}"
+    environment_variables = {
+      TOLLGATE_LOG_LEVEL = "debug"
+      REDIS_URL          = "redis://must-not-win:6379"
+    }
+  }
+
+  assert {
+    condition     = aws_lambda_function.this["authorizer"].reserved_concurrent_executions == 100 && aws_lambda_function.this["limiter"].reserved_concurrent_executions == -1
+    error_message = "Reserved concurrency must apply to the authorizer only."
+  }
+
+  assert {
+    condition = (
+      aws_lambda_function.this["limiter"].environment[0].variables.TOLLGATE_LOG_LEVEL == "debug" &&
+      startswith(aws_lambda_function.this["limiter"].environment[0].variables.REDIS_URL, "rediss://master.")
+    )
+    error_message = "Extra variables must be added, but never override the cache wiring."
+  }
+
+  assert {
+    condition     = aws_lambda_function.this["authorizer"].environment[0].variables.TOLLGATE_POLICY_JSON == "{\"rules\":[]}" && !contains(keys(aws_lambda_function.this["authorizer"].environment[0].variables), "TOLLGATE_POLICY")
+    error_message = "policy_json must become TOLLGATE_POLICY_JSON, without TOLLGATE_POLICY."
+  }
+
+  assert {
+    condition     = length(aws_lambda_function_url.limiter) == 0 && output.limiter_function_url == null
+    error_message = "create_limiter_function_url = false must create no Function URL."
+  }
+}
