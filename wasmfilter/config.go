@@ -1,13 +1,14 @@
 package main
 
 import (
+	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/tidwall/gjson"
-
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/jsonv"
 )
 
 // Defaults and bounds of the plugin configuration.
@@ -140,18 +141,17 @@ func parseConfig(data []byte) (*config, error) {
 	if len(strings.TrimSpace(string(data))) == 0 {
 		return nil, &configError{Msg: `the configuration is empty; set at least "cluster" and "domain"`}
 	}
-	if !gjson.ValidBytes(data) {
-		return nil, &configError{Msg: "the configuration is not valid JSON"}
+	root, err := jsonv.Parse(data)
+	if err != nil {
+		return nil, jsonError(err)
 	}
-	root := gjson.ParseBytes(data)
-	if !root.IsObject() {
+	if root.Kind() != jsonv.Object {
 		return nil, &configError{Msg: "the configuration must be a JSON object"}
 	}
 	if err := knownFields(root, "", topLevelFields); err != nil {
 		return nil, err
 	}
 	c := &config{}
-	var err error
 	if c.cluster, err = str(root, "cluster", "", true); err != nil {
 		return nil, err
 	}
@@ -173,7 +173,7 @@ func parseConfig(data []byte) (*config, error) {
 	if c.cost, err = integer(root, "cost", 1, 0, maxCost); err != nil {
 		return nil, err
 	}
-	if c.attributes, err = parseAttributes(root.Get("attributes")); err != nil {
+	if c.attributes, err = parseAttributes(root); err != nil {
 		return nil, err
 	}
 	n, err := integer(root, "max_attribute_bytes", defaultMaxAttributeBytes, 1, maxAttributeBytesLimit)
@@ -191,7 +191,7 @@ func parseConfig(data []byte) (*config, error) {
 		return nil, err
 	}
 	c.failureMode = failureMode(m)
-	if c.localLimits, err = parseLocalLimits(root.Get("local_limits"), c.attributes); err != nil {
+	if c.localLimits, err = parseLocalLimits(root, c.attributes); err != nil {
 		return nil, err
 	}
 	if c.failureMode == failLocal && len(c.localLimits) == 0 {
@@ -201,7 +201,7 @@ func parseConfig(data []byte) (*config, error) {
 		return nil, err
 	}
 	c.localMaxKeys = int(n)
-	if err = parseDenyCache(root.Get("deny_cache"), c); err != nil {
+	if err = parseDenyCache(root, c); err != nil {
 		return nil, err
 	}
 	if c.maxDelay, err = millis(root, "max_delay_ms", defaultMaxDelay, 0, maxMaxDelay); err != nil {
@@ -217,14 +217,30 @@ func parseConfig(data []byte) (*config, error) {
 	return c, nil
 }
 
-func parseAttributes(v gjson.Result) ([]attribute, error) {
-	if !v.Exists() {
+// jsonError describes a configuration that jsonv cannot read.
+func jsonError(err error) error {
+	var je *jsonv.Error
+	switch {
+	case !errors.As(err, &je):
+		return &configError{Msg: "the configuration is not valid JSON: " + err.Error()}
+	case errors.Is(err, jsonv.ErrDuplicateKey) && je.Path != "":
+		return &configError{je.Path, "is set twice; keep one of them"}
+	case errors.Is(err, jsonv.ErrTooDeep):
+		return &configError{Msg: "the configuration is nested too deeply: " + strings.TrimPrefix(err.Error(), "jsonv: ")}
+	default:
+		return &configError{Msg: "the configuration is not valid JSON: " + strings.TrimPrefix(err.Error(), "jsonv: ")}
+	}
+}
+
+func parseAttributes(root jsonv.Value) ([]attribute, error) {
+	v, ok := root.Get("attributes")
+	if !ok {
 		return defaultAttributes, nil
 	}
-	if !v.IsArray() {
+	if v.Kind() != jsonv.Array {
 		return nil, &configError{"attributes", `must be an array of objects such as {"name": "api_key", "from": "header", "header": "x-api-key"}`}
 	}
-	items := v.Array()
+	items := v.Elems()
 	if len(items) == 0 {
 		return nil, &configError{"attributes", "must name at least one attribute"}
 	}
@@ -232,7 +248,7 @@ func parseAttributes(v gjson.Result) ([]attribute, error) {
 	seen := make(map[string]bool, len(items))
 	for i, item := range items {
 		field := "attributes[" + strconv.Itoa(i) + "]"
-		if !item.IsObject() {
+		if item.Kind() != jsonv.Object {
 			return nil, &configError{field, "must be an object with name and from"}
 		}
 		if err := knownFields(item, field+".", []string{"name", "from", "header"}); err != nil {
@@ -272,18 +288,19 @@ func parseAttributes(v gjson.Result) ([]attribute, error) {
 	return attrs, nil
 }
 
-func parseLocalLimits(v gjson.Result, attrs []attribute) ([]localLimit, error) {
-	if !v.Exists() {
+func parseLocalLimits(root jsonv.Value, attrs []attribute) ([]localLimit, error) {
+	v, ok := root.Get("local_limits")
+	if !ok {
 		return nil, nil
 	}
-	if !v.IsArray() {
+	if v.Kind() != jsonv.Array {
 		return nil, &configError{"local_limits", `must be an array such as [{"name": "per-key", "key": ["api_key"], "rate": "100/min"}]`}
 	}
 	var limits []localLimit
 	seen := map[string]bool{}
-	for i, item := range v.Array() {
+	for i, item := range v.Elems() {
 		field := "local_limits[" + strconv.Itoa(i) + "]"
-		if !item.IsObject() {
+		if item.Kind() != jsonv.Object {
 			return nil, &configError{field, "must be an object with name, key and rate"}
 		}
 		if err := knownFields(item, field+".", []string{"name", "key", "algorithm", "rate", "burst"}); err != nil {
@@ -300,9 +317,11 @@ func parseLocalLimits(v gjson.Result, attrs []attribute) ([]localLimit, error) {
 			return nil, &configError{field + ".name", strconv.Quote(name) + " is named twice"}
 		}
 		seen[name] = true
-		key, err := attributeNames(item.Get("key"), field+".key", attrs)
-		if err != nil {
-			return nil, err
+		var key []string
+		if k, ok := item.Get("key"); ok {
+			if key, err = attributeNames(k, field+".key", attrs); err != nil {
+				return nil, err
+			}
 		}
 		alg, err := str(item, "algorithm", string(algo.GCRA), false)
 		if err != nil {
@@ -329,30 +348,30 @@ func parseLocalLimits(v gjson.Result, attrs []attribute) ([]localLimit, error) {
 	return limits, nil
 }
 
-func parseDenyCache(v gjson.Result, c *config) error {
+func parseDenyCache(root jsonv.Value, c *config) error {
 	c.denyCache = true
 	c.denyCacheEntries = defaultDenyCacheEntries
-	if !v.Exists() {
+	v, ok := root.Get("deny_cache")
+	if !ok {
 		return nil
 	}
-	if !v.IsObject() {
+	if v.Kind() != jsonv.Object {
 		return &configError{"deny_cache", `must be an object such as {"enabled": true, "max_entries": 10000, "key": ["api_key"]}`}
 	}
 	if err := knownFields(v, "deny_cache.", []string{"enabled", "max_entries", "key"}); err != nil {
 		return err
 	}
-	if e := v.Get("enabled"); e.Exists() {
-		if e.Type != gjson.True && e.Type != gjson.False {
+	if e, ok := v.Get("enabled"); ok {
+		if c.denyCache, ok = e.Bool(); !ok {
 			return &configError{"deny_cache.enabled", "must be true or false"}
 		}
-		c.denyCache = e.Bool()
 	}
 	n, err := integer(v, "max_entries", defaultDenyCacheEntries, 1, maxDenyCacheEntries)
 	if err != nil {
 		return prefixed("deny_cache", err)
 	}
 	c.denyCacheEntries = int(n)
-	if k := v.Get("key"); k.Exists() {
+	if k, ok := v.Get("key"); ok {
 		if c.denyCacheKey, err = attributeNames(k, "deny_cache.key", c.attributes); err != nil {
 			return err
 		}
@@ -364,28 +383,26 @@ func parseDenyCache(v gjson.Result, c *config) error {
 }
 
 // attributeNames parses an array of attribute names, each of which must be configured.
-func attributeNames(v gjson.Result, field string, attrs []attribute) ([]string, error) {
-	if !v.Exists() {
-		return nil, nil
-	}
-	if !v.IsArray() {
+func attributeNames(v jsonv.Value, field string, attrs []attribute) ([]string, error) {
+	if v.Kind() != jsonv.Array {
 		return nil, &configError{field, `must be an array of attribute names, e.g. ["api_key"]`}
 	}
 	var names []string
-	for i, n := range v.Array() {
+	for i, n := range v.Elems() {
 		f := field + "[" + strconv.Itoa(i) + "]"
-		if n.Type != gjson.String {
+		name, ok := n.Str()
+		if !ok {
 			return nil, &configError{f, "must be a string"}
 		}
-		if !hasAttribute(attrs, n.Str) {
-			return nil, &configError{f, strconv.Quote(n.Str) + " is not one of the configured attributes"}
+		if !hasAttribute(attrs, name) {
+			return nil, &configError{f, strconv.Quote(name) + " is not one of the configured attributes"}
 		}
 		for _, prev := range names {
-			if prev == n.Str {
-				return nil, &configError{f, strconv.Quote(n.Str) + " is named twice"}
+			if prev == name {
+				return nil, &configError{f, strconv.Quote(name) + " is named twice"}
 			}
 		}
-		names = append(names, n.Str)
+		names = append(names, name)
 	}
 	return names, nil
 }
@@ -401,38 +418,34 @@ func hasAttribute(attrs []attribute, name string) bool {
 
 // knownFields rejects any key of obj that is not in known, so that a misspelt option
 // fails plugin start instead of being ignored.
-func knownFields(obj gjson.Result, prefix string, known []string) error {
-	var err error
-	obj.ForEach(func(k, _ gjson.Result) bool {
-		for _, f := range known {
-			if k.Str == f {
-				return true
-			}
+func knownFields(obj jsonv.Value, prefix string, known []string) error {
+	for _, m := range obj.Members() {
+		if !slices.Contains(known, m.Key) {
+			return &configError{prefix + m.Key, "unknown field; known fields are " + strings.Join(known, ", ")}
 		}
-		err = &configError{prefix + k.Str, "unknown field; known fields are " + strings.Join(known, ", ")}
-		return false
-	})
-	return err
+	}
+	return nil
 }
 
-func str(obj gjson.Result, field, def string, required bool) (string, error) {
-	v := obj.Get(gjson.Escape(field))
-	if !v.Exists() {
+func str(obj jsonv.Value, field, def string, required bool) (string, error) {
+	v, ok := obj.Get(field)
+	if !ok {
 		if required {
 			return "", &configError{field, "is required"}
 		}
 		return def, nil
 	}
-	if v.Type != gjson.String {
+	s, ok := v.Str()
+	if !ok {
 		return "", &configError{field, "must be a string"}
 	}
-	if v.Str == "" {
+	if s == "" {
 		return "", &configError{field, "must not be empty"}
 	}
-	return v.Str, nil
+	return s, nil
 }
 
-func enum(obj gjson.Result, field, def string, values ...string) (string, error) {
+func enum(obj jsonv.Value, field, def string, values ...string) (string, error) {
 	s, err := str(obj, field, def, def == "")
 	if err != nil {
 		return "", err
@@ -445,25 +458,26 @@ func enum(obj gjson.Result, field, def string, values ...string) (string, error)
 	return "", &configError{field, strconv.Quote(s) + " is not one of " + strings.Join(values, ", ")}
 }
 
-func integer(obj gjson.Result, field string, def, lo, hi int64) (int64, error) {
-	v := obj.Get(gjson.Escape(field))
-	if !v.Exists() {
+func integer(obj jsonv.Value, field string, def, lo, hi int64) (int64, error) {
+	v, ok := obj.Get(field)
+	if !ok {
 		return def, nil
 	}
-	if v.Type != gjson.Number {
+	text, ok := v.Num()
+	if !ok {
 		return 0, &configError{field, "must be a whole number"}
 	}
-	n, err := strconv.ParseInt(v.Raw, 10, 64)
-	if err != nil {
-		return 0, &configError{field, v.Raw + " is not a whole number"}
+	if strings.ContainsAny(text, ".eE") {
+		return 0, &configError{field, text + " is not a whole number"}
 	}
-	if n < lo || n > hi {
-		return 0, &configError{field, "must be from " + strconv.FormatInt(lo, 10) + " to " + strconv.FormatInt(hi, 10)}
+	// An integer that does not fit an int64 is out of range too.
+	if n, ok := v.Int(); ok && n >= lo && n <= hi {
+		return n, nil
 	}
-	return n, nil
+	return 0, &configError{field, "must be from " + strconv.FormatInt(lo, 10) + " to " + strconv.FormatInt(hi, 10)}
 }
 
-func millis(obj gjson.Result, field string, def, lo, hi time.Duration) (time.Duration, error) {
+func millis(obj jsonv.Value, field string, def, lo, hi time.Duration) (time.Duration, error) {
 	n, err := integer(obj, field, int64(def/time.Millisecond), int64(lo/time.Millisecond), int64(hi/time.Millisecond))
 	return time.Duration(n) * time.Millisecond, err
 }

@@ -17,6 +17,10 @@ var invalidConfigs = []struct {
 }{
 	{"empty", ``},
 	{"valid JSON", `{"cluster": `},
+	{"valid JSON", "{\"cluster\": \"c\xff\", \"domain\": \"d\"}"},
+	{"nested too deeply", `{"cluster": "c", "domain": "d", "x": ` + strings.Repeat("[", 65) + strings.Repeat("]", 65) + `}`},
+	{"cluster: is set twice", `{"cluster": "c", "domain": "d", "cluster": "e"}`},
+	{"attributes[0].name: is set twice", `{"cluster": "c", "domain": "d", "attributes": [{"name": "k", "from": "method", "name": "j"}]}`},
 	{"JSON object", `["cluster"]`},
 	{"cluster", `{"domain": "d"}`},
 	{"cluster", `{"cluster": 7, "domain": "d"}`},

@@ -105,8 +105,11 @@ func (e *envoyCallouts) forward(contextID uint32) bool {
 	return true
 }
 
+// e2ePolicy's timeout is generous: these tests are about answers, not time, and a
+// loaded CI machine must not turn a slow Redis call into the failure mode.
 const e2ePolicy = `
 domain: public-api
+failure: {mode: open, timeout: 2s}
 rules:
   - name: per-key
     match: {api_key: "*"}
@@ -238,11 +241,7 @@ rules:
 // TestEndToEndRedisDown stops Redis under the decision service, whose policy fails
 // closed: the service answers 503 and the filter falls back to its local limits.
 func TestEndToEndRedisDown(t *testing.T) {
-	srv, redis := decisionService(t, e2ePolicy+`
-failure:
-  mode: closed
-  timeout: 50ms
-`)
+	srv, redis := decisionService(t, strings.Replace(e2ePolicy, "failure: {mode: open, timeout: 2s}", "failure: {mode: closed, timeout: 50ms}", 1))
 	host, _ := startFilter(t, cfg(`"failure_mode": "local",
 		"local_limits": [{"name": "local-per-key", "key": ["api_key"], "algorithm": "fixed_window", "rate": "2/min"}]`))
 	envoy := &envoyCallouts{t: t, host: host, url: srv.URL, timeout: 2 * time.Second}

@@ -1,15 +1,16 @@
 package main
 
 import (
+	"math"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
-	"github.com/tidwall/gjson"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/jsonv"
 )
 
 // maxCalloutBody bounds how much of the decision service's answer is read.
@@ -104,41 +105,69 @@ func (h *httpContext) decide(numHeaders, bodySize int) types.Action {
 			headers = nil
 		}
 	}
-	var body []byte
+	var answer jsonv.Value
 	if bodySize > 0 {
-		body, _ = proxywasm.GetHttpCallResponseBody(0, min(bodySize, maxCalloutBody))
+		body, _ := proxywasm.GetHttpCallResponseBody(0, min(bodySize, maxCalloutBody))
+		answer = parseAnswer(body)
 	}
 	status, _ := headerValue(headers, ":status")
 	switch status {
 	case "200":
-		return h.allowed(headers, body)
+		return h.allowed(headers, answer)
 	case "429":
-		return h.denied(headers, body)
+		return h.denied(headers, answer)
 	case "":
 		h.plugin.metrics.calloutFailures.Increment(1)
 		return h.failureMode("the callout failed without a response")
 	default:
 		h.plugin.metrics.calloutFailures.Increment(1)
 		reason := "the callout returned status " + status
-		if e := gjson.GetBytes(body, "error"); e.Type == gjson.String {
-			reason += ": " + e.Str
+		if e, ok := stringField(answer, "error"); ok {
+			reason += ": " + e
 		}
 		return h.failureMode(reason)
 	}
 }
 
+// parseAnswer reads the body of the decision service's answer. A body that is not
+// JSON reads as null, which has no fields.
+func parseAnswer(body []byte) jsonv.Value {
+	v, err := jsonv.Parse(body)
+	if err != nil {
+		return jsonv.Value{}
+	}
+	return v
+}
+
+// stringField returns the string member key of answer.
+func stringField(answer jsonv.Value, key string) (string, bool) {
+	v, _ := answer.Get(key)
+	return v.Str()
+}
+
+// millisField returns the member key of answer, a whole number of milliseconds, when it
+// is positive and fits a time.Duration.
+func millisField(answer jsonv.Value, key string) (time.Duration, bool) {
+	v, _ := answer.Get(key)
+	ms, ok := v.Int()
+	if !ok || ms <= 0 || ms > math.MaxInt64/int64(time.Millisecond) {
+		return 0, false
+	}
+	return time.Duration(ms) * time.Millisecond, true
+}
+
 // allowed handles a 200: the request goes on, now or after the shaping delay.
-func (h *httpContext) allowed(headers [][2]string, body []byte) types.Action {
+func (h *httpContext) allowed(headers [][2]string, answer jsonv.Value) types.Action {
 	h.respHeaders = pick(headers, rateLimitHeaders)
 	var delay time.Duration
 	if v, ok := headerValue(headers, "x-tollgate-delay-ms"); ok {
 		if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms > 0 {
 			delay = time.Duration(ms) * time.Millisecond
 		}
-	} else if d := gjson.GetBytes(body, "delay_ms"); d.Type == gjson.Number && d.Int() > 0 {
-		delay = time.Duration(d.Int()) * time.Millisecond
+	} else if d, ok := millisField(answer, "delay_ms"); ok {
+		delay = d
 	}
-	return h.admit(delay, ruleOf(headers, body))
+	return h.admit(delay, ruleOf(headers, answer))
 }
 
 // admit lets the request go on after delay, holding it meanwhile. A delay beyond
@@ -161,12 +190,12 @@ func (h *httpContext) admit(delay time.Duration, rule string) types.Action {
 
 // denied handles a 429: answer it locally with the service's headers, and remember
 // the client in the deny cache until its retry time.
-func (h *httpContext) denied(headers [][2]string, body []byte) types.Action {
+func (h *httpContext) denied(headers [][2]string, answer jsonv.Value) types.Action {
 	p := h.plugin
 	now := p.now()
 	var retry time.Duration
-	if r := gjson.GetBytes(body, "retry_after_ms"); r.Type == gjson.Number && r.Int() > 0 {
-		retry = time.Duration(r.Int()) * time.Millisecond
+	if r, ok := millisField(answer, "retry_after_ms"); ok {
+		retry = r
 	}
 	retryAfter, ok := headerValue(headers, "retry-after")
 	if secs, err := strconv.ParseInt(retryAfter, 10, 64); ok && err == nil && secs > 0 {
@@ -176,7 +205,7 @@ func (h *httpContext) denied(headers [][2]string, body []byte) types.Action {
 	} else {
 		retryAfter = strconv.FormatInt(algo.RetryAfterSeconds(retry), 10)
 	}
-	rule := ruleOf(headers, body)
+	rule := ruleOf(headers, answer)
 	if p.cache != nil && h.cacheable && retry > 0 {
 		e := denyEntry{
 			identity: h.identity,
@@ -276,11 +305,11 @@ func deniedBody(domain, rule string, retry time.Duration) []byte {
 	return append(b, '}')
 }
 
-// ruleOf names the deciding rule: the body's "rule", else the name of the first item
+// ruleOf names the deciding rule: the answer's "rule", else the name of the first item
 // of the RateLimit header.
-func ruleOf(headers [][2]string, body []byte) string {
-	if r := gjson.GetBytes(body, "rule"); r.Type == gjson.String {
-		return r.Str
+func ruleOf(headers [][2]string, answer jsonv.Value) string {
+	if r, ok := stringField(answer, "rule"); ok {
+		return r
 	}
 	v, _ := headerValue(headers, "ratelimit")
 	if len(v) > 1 && v[0] == '"' {

@@ -26,7 +26,7 @@ import (
 // rule, and two rules for the all-or-nothing test.
 const testPolicy = `
 domain: test
-failure: {mode: closed, timeout: 200ms}
+failure: {mode: closed, timeout: 2s}
 shard_by: api_key
 rules:
   - {name: fw, match: {api_key: "*", path: /fixed_window}, limits: [{algorithm: fixed_window, rate: 2/s, record: user}]}
