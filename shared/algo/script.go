@@ -129,6 +129,9 @@ func ParseDecideReply(v any, meters []Meter) (Reply, error) {
 	}
 	for r.err == nil && r.pos < len(arr) {
 		u := Undo{Meter: int(r.int())}
+		if u.Meter < 0 || u.Meter >= len(meters) {
+			return Reply{}, fmt.Errorf("algo: decide reply: undo for meter %d of %d", u.Meter, len(meters))
+		}
 		nk := int(r.int())
 		if nk < 0 || nk > len(arr) {
 			return Reply{}, fmt.Errorf("algo: decide reply: bad undo key count %d", nk)
@@ -155,11 +158,17 @@ func ParseDecideReply(v any, meters []Meter) (Reply, error) {
 }
 
 // RefundCall returns the refund script's KEYS and ARGV that give back the charges in
-// undo, made at now (Unix microseconds) for a request of cost units. keys are the
-// meters' keys, as passed to the decision script.
-func RefundCall(meters []Meter, keys []string, undo []Undo, now, cost int64) ([]string, []any) {
+// undo, made at charged (Unix microseconds) for a request of cost units; refundNow is
+// the time of the refund (0: the server's clock), from which the script reckons the
+// refill that already made up for part of a charge. keys are the meters' keys, as
+// passed to the decision script.
+func RefundCall(meters []Meter, keys []string, undo []Undo, charged, refundNow, cost int64) ([]string, []any) {
 	var ks []string
-	args := []any{strconv.FormatInt(now, 10), strconv.FormatInt(cost, 10), strconv.Itoa(len(undo))}
+	nowArg := ""
+	if refundNow != 0 {
+		nowArg = strconv.FormatInt(refundNow, 10)
+	}
+	args := []any{strconv.FormatInt(charged, 10), nowArg, strconv.FormatInt(cost, 10), strconv.Itoa(len(undo))}
 	for _, u := range undo {
 		m := meters[u.Meter]
 		args = append(args, string(m.Algorithm()), m.Record, strconv.Itoa(len(m.Limits)))

@@ -112,7 +112,7 @@ func (s *Store) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) 
 		}
 		rep, err := s.call(ctx, sub, out.Allowed)
 		if err != nil {
-			s.refundAll(ctx, done)
+			s.refundAll(ctx, done, c.Now)
 			return algo.Outcome{}, err
 		}
 		if gi == 0 {
@@ -126,7 +126,7 @@ func (s *Store) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) 
 		}
 		if !rep.Allowed {
 			out.Allowed = false
-			if err := s.refundAll(ctx, done); err != nil {
+			if err := s.refundAll(ctx, done, c.Now); err != nil {
 				return algo.Outcome{}, err
 			}
 			continue
@@ -142,13 +142,15 @@ type charged struct {
 	reply algo.Reply
 }
 
-func (s *Store) refundAll(ctx context.Context, done []charged) error {
+// refundAll gives back the charges in done. now is the request's explicit time, or 0
+// for the server's clock, as the refund's own time.
+func (s *Store) refundAll(ctx context.Context, done []charged, now int64) error {
 	var errs []error
 	for _, d := range done {
 		if len(d.reply.Undo) == 0 {
 			continue
 		}
-		keys, args := algo.RefundCall(d.sub.Meters, d.sub.Keys, d.reply.Undo, d.reply.Now, d.sub.Cost)
+		keys, args := algo.RefundCall(d.sub.Meters, d.sub.Keys, d.reply.Undo, d.reply.Now, now, d.sub.Cost)
 		// The refund must run even if the request's deadline has passed: a lost refund
 		// leaves units charged for a request that was denied.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)

@@ -69,7 +69,7 @@ for c = 1, #commits do
       expires[k] = redis.call('PEXPIRETIME', writes[k])
     end
     local extra = commit()
-    out[#out + 1] = i
+    out[#out + 1] = i - 1 -- the meter's index in the call, from 0
     out[#out + 1] = #writes
     for k = 1, #writes do
       out[#out + 1] = writes[k]

@@ -35,10 +35,14 @@ local function gcra_check(key, now, cost, lims, shape)
     return {}
   end, {key}
 end
-local function gcra_refund(key, now, cost, lims)
+local function gcra_refund(key, now, cost, lims, extra, record, refund_now)
   local v = redis.call('GET', key)
-  if v then
-    redis.call('SET', key, num(tonumber(v) - cost * (lims[1][2] / lims[1][1])), 'KEEPTTL')
+  if not v then return end
+  -- The charge moved the TAT by cost * T; the time since the charge may already have
+  -- passed part of that (the TAT would have been caught up by now anyway).
+  local give = cost * (lims[1][2] / lims[1][1]) - max(0, refund_now - now)
+  if give > 0 then
+    redis.call('SET', key, num(max(refund_now, tonumber(v) - give)), 'KEEPTTL')
   end
 end
 A.gcra = {

@@ -12,7 +12,9 @@
 --                per limit; commit (nil when denied) writes the new state and returns
 --                the extra data a refund needs (a list of strings); writes lists the
 --                keys commit may write
---   refund(key, charged_now, cost, lims, extra) undoes one charge logically
+--   refund(key, charged_now, cost, lims, extra, record, refund_now) undoes one charge
+--     logically, never giving back more than the charge still weighs: refill that
+--     happened since the charge already made up for part of it
 -- lims is a list of {count, period_us, capacity, bucket_us}. check only reads.
 local A = {}
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min

@@ -1,6 +1,7 @@
 -- refund: undo the charge of a decide call whose request a later cluster slot denied.
 -- KEYS: per meter, its key then the keys its commit wrote (all in one cluster slot).
--- ARGV: charged_now_us, cost, meter count M, then per meter: algorithm, record,
+-- ARGV: charged_now_us, refund_now_us ('' = the server's clock), cost, meter count M,
+--   then per meter: algorithm, record,
 --   limit count L, L times {count, period_us, capacity, bucket_us}, key count K,
 --   K times {dump before ('' = absent), pexpiretime before (ms, -2 = absent),
 --   dump after ('' = absent)}, extra count E, E extra values (from decide's undo).
@@ -10,9 +11,16 @@
 -- the units back instead, so a refund never loses another request's charge.
 -- Reply: the number of meters restored byte for byte.
 local now = tonumber(ARGV[1])
-local cost = tonumber(ARGV[2])
-local m = tonumber(ARGV[3])
-local pos, kpos, exact = 4, 1, 0
+local refund_now
+if ARGV[2] ~= '' then
+  refund_now = tonumber(ARGV[2])
+else
+  local t = redis.call('TIME')
+  refund_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local cost = tonumber(ARGV[3])
+local m = tonumber(ARGV[4])
+local pos, kpos, exact = 5, 1, 0
 for i = 1, m do
   local algo = A[ARGV[pos]]
   if not algo then return redis.error_reply('tollgate: unknown algorithm ' .. tostring(ARGV[pos])) end
@@ -50,7 +58,7 @@ for i = 1, m do
     end
     exact = exact + 1
   else
-    algo.refund(key, now, cost, lims, extra, record)
+    algo.refund(key, now, cost, lims, extra, record, refund_now)
   end
   pos = pos + nk * 3 + 1 + ne
   kpos = kpos + 1 + nk

@@ -35,17 +35,21 @@ function A.sliding_log.check(key, now, cost, lims, record)
   return {d}, function()
     if cost == 0 then return {} end
     redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - p))
+    -- Members must be unique, or ZADD would only rescore one and lose a unit: seq
+    -- starts at the live count and steps past any member that already exists (after
+    -- a trim, a refund, or a clock that went back).
     local seq = redis.call('ZCARD', key)
-    local args, members = {}, {}
+    local members = {}
     local t = string.format('%d', now)
     for i = 1, cost do
-      local m = t .. ':' .. (seq + i)
-      if record ~= '' then m = m .. ':' .. record end
-      args[#args + 1] = t
-      args[#args + 1] = m
+      local m
+      repeat
+        seq = seq + 1
+        m = t .. ':' .. seq
+        if record ~= '' then m = m .. ':' .. record end
+      until redis.call('ZADD', key, 'NX', t, m) == 1
       members[i] = m
     end
-    redis.call('ZADD', key, unpack(args))
     redis.call('PEXPIRE', key, ttl(newest + p - now))
     return members
   end, {key}

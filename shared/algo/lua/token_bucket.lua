@@ -32,6 +32,11 @@ function A.token_bucket.check(key, now, cost, lims)
   end, {key}
 end
 function A.token_bucket.refund(key, now, cost, lims)
-  local t = redis.call('HGET', key, 't')
-  if t then redis.call('HSET', key, 't', num(min(lims[1][3], tonumber(t) + cost))) end
+  local n, p, b = lims[1][1], lims[1][2], lims[1][3]
+  local st = redis.call('HMGET', key, 't', 's')
+  if not st[1] then return end
+  -- Refill since the charge may have hit the capacity, where the charge's tokens
+  -- would have been lost anyway: give back only what refill has not made up for.
+  local give = cost - max(0, tonumber(st[2]) - now) * n / p
+  if give > 0 then redis.call('HSET', key, 't', num(min(b, tonumber(st[1]) + give))) end
 end
