@@ -63,7 +63,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/lambda"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-dev/tollgate/shared/awsredis"
@@ -71,15 +70,6 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/policy"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
-)
-
-// Time limits of the start.
-const (
-	// preloadTimeout bounds loading the scripts at start. A Redis that does not
-	// answer in time is not fatal: the failure mode decides until it does.
-	preloadTimeout = time.Second
-	// awsTimeout bounds the AWS calls of the start (Secrets Manager, credentials).
-	awsTimeout = 5 * time.Second
 )
 
 // MetricsNamespace is the CloudWatch namespace of the metrics.
@@ -225,41 +215,18 @@ func loadPolicy(cfg config) (*policy.Policy, error) {
 	return p, nil
 }
 
-// openStore builds the Redis client once: authenticated as cfg.Auth says, command
-// timeouts from the policy, retries and maintenance notifications off (redisstore
-// does that), and the scripts preloaded.
+// openStore builds the Redis client once (see awsredis.OpenStore), with command
+// timeouts from the policy.
 func openStore(ctx context.Context, cfg config, p *policy.Policy, log *slog.Logger) (*redisstore.Store, error) {
-	rc := redisstore.Config{
+	st, err := awsredis.OpenStore(ctx, redisstore.Config{
 		URL:             cfg.RedisURL,
 		Cluster:         cfg.RedisCluster,
 		Timeout:         p.Failure.Timeout,
 		PoolSize:        cfg.PoolSize,
 		ConnMaxLifetime: cfg.ConnMaxLifetime,
-	}
-	if cfg.Auth.Mode() != awsredis.ModeNone {
-		actx, cancel := context.WithTimeout(ctx, awsTimeout)
-		defer cancel()
-		awsCfg, err := awsconfig.LoadDefaultConfig(actx)
-		if err != nil {
-			return nil, fmt.Errorf("authorizer: load the AWS configuration: %w", err)
-		}
-		provider, err := cfg.Auth.Provider(actx, awsCfg, func(err error) {
-			log.Error("cannot sign an ElastiCache IAM token", "err", err)
-		})
-		if err != nil {
-			return nil, fmt.Errorf("authorizer: Redis authentication: %w", err)
-		}
-		rc.CredentialsProvider = provider
-	}
-	st, err := redisstore.Open(rc)
+	}, cfg.Auth, log)
 	if err != nil {
 		return nil, fmt.Errorf("authorizer: %w", err)
-	}
-	pctx, cancel := context.WithTimeout(ctx, preloadTimeout)
-	defer cancel()
-	if err := st.Preload(pctx); err != nil {
-		log.Warn("cannot preload the scripts; the failure mode decides until Redis answers",
-			"redis", redisstore.Redact(cfg.RedisURL), "err", err)
 	}
 	return st, nil
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/tollgate-dev/tollgate/shared/awsredis"
 	"github.com/tollgate-dev/tollgate/shared/decision"
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/policy"
@@ -37,6 +38,9 @@ type config struct {
 	RedisCluster bool   // REDIS_CLUSTER=true
 	AdminToken   string // TOLLGATE_ADMIN_TOKEN: enables /v1/state and /v1/reset
 	OnLambda     bool   // AWS_LAMBDA_RUNTIME_API is set
+	// Auth is the ElastiCache authentication: REDIS_AUTH_SECRET_ARN, or
+	// REDIS_IAM_USER + REDIS_CACHE_NAME (+ REDIS_IAM_SERVERLESS).
+	Auth awsredis.Auth
 }
 
 // loadConfig reads the environment through getenv, then the flags in args.
@@ -55,6 +59,14 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 			return c, fmt.Errorf("REDIS_CLUSTER=%q: want true or false", v)
 		}
 		c.RedisCluster = b
+	}
+	auth, err := awsredis.AuthFromEnv(getenv)
+	if err != nil {
+		return c, err
+	}
+	c.Auth = auth
+	if auth.Mode() != awsredis.ModeNone && c.RedisURL == "" {
+		return c, fmt.Errorf("ElastiCache authentication is configured (%s) but REDIS_URL is empty; set REDIS_URL=rediss://host:6379", auth.Mode())
 	}
 	fs := flag.NewFlagSet("limiter", flag.ContinueOnError)
 	fs.StringVar(&c.Listen, "listen", c.Listen, "address to listen on (env TOLLGATE_LISTEN)")
@@ -131,18 +143,12 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		}
 		url = "redis://" + s.mini.Addr()
 	}
-	store, err := redisstore.Open(redisstore.Config{URL: url, Cluster: c.RedisCluster})
+	store, err := awsredis.OpenStore(ctx, redisstore.Config{URL: url, Cluster: c.RedisCluster}, c.Auth, log)
 	if err != nil {
 		s.Close()
 		return nil, err
 	}
 	s.store = store
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := store.Preload(pctx); err != nil {
-		// The failure mode covers a Redis that is down at start; say so and go on.
-		log.Warn("could not load the scripts; decisions follow the failure mode until Redis answers", "err", err)
-	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := decision.NewMetrics(reg)

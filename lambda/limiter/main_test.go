@@ -29,6 +29,8 @@ func TestLoadConfig(t *testing.T) {
 		{"inline policy", map[string]string{"TOLLGATE_POLICY_JSON": "{}"}, nil, config{Listen: "127.0.0.1:8080", PolicyJSON: "{}"}, ""},
 		{"bad cluster flag", map[string]string{"REDIS_CLUSTER": "yes please"}, nil, config{}, "REDIS_CLUSTER"},
 		{"unknown flag", nil, []string{"--colour"}, config{}, "colour"},
+		{"secret and IAM", map[string]string{"REDIS_URL": "rediss://c:6379", "REDIS_AUTH_SECRET_ARN": "arn:s", "REDIS_IAM_USER": "u", "REDIS_CACHE_NAME": "c"}, nil, config{}, "not both"},
+		{"auth without a URL", map[string]string{"REDIS_AUTH_SECRET_ARN": "arn:s"}, nil, config{}, "REDIS_URL is empty"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
