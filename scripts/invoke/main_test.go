@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -31,6 +33,35 @@ func TestInvokeRunsOutTheLimit(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "retryAfter=20") {
 		t.Errorf("output lacks retryAfter=20:\n%s", out.String())
+	}
+}
+
+// TestInvokeLimiterOnLambda runs the decision service's real binary in its Lambda mode
+// (aws-lambda-go's lambdaurl, RESPONSE_STREAM) on the Function URL event: a policy of
+// 5 per minute per API key answers 200 five times, then 429.
+func TestInvokeLimiterOnLambda(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the limiter; skipped in -short mode")
+	}
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(pol, []byte("domain: public-api\nrules:\n  - name: per-key\n    match: {api_key: \"*\"}\n    limits:\n      - {algorithm: sliding_log, rate: 5/min}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if err := run([]string{"-n", "6", "-policy", pol, "../../events/function-url.json"}, &out, &errOut); err != nil {
+		t.Fatalf("run() error = %v\n%s", err, errOut.String())
+	}
+	var statuses []string
+	for _, line := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(line, "--- invoke ") {
+			statuses = append(statuses, strings.Fields(line)[4])
+		}
+	}
+	if got, want := strings.Join(statuses, " "), "200 200 200 200 200 429"; got != want {
+		t.Fatalf("statuses = %v, want %v\n%s", got, want, out.String())
+	}
+	if !strings.Contains(out.String(), `"Retry-After":"`) {
+		t.Errorf("the 429 lacks Retry-After:\n%s", out.String())
 	}
 }
 
