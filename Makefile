@@ -50,7 +50,7 @@ package:
 
 ## invoke: run the authorizer handler on an event against the embedded Redis: make invoke EVENT=events/rest-request-authorizer.json N=3
 invoke:
-	scripts/invoke.sh $(EVENT) $(N)
+	EVENT="$(EVENT)" N="$(N)" POLICY="$(POLICY)" scripts/invoke.sh
 
 ## wasm: the Envoy filter as dist/tollgate.wasm (needs TinyGo)
 wasm:
