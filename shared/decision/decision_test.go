@@ -194,11 +194,20 @@ func TestAllOrNothingAcrossRules(t *testing.T) {
 			t.Errorf("denying rule = %q, want global", a.body.Rule)
 		}
 	}
-	a := check(t, s.url, "k1", "/both")
+	// A cost-0 peek reads every limit from Redis (the deny cache answers only
+	// requests that would be charged).
+	a := post(t, s.url, "/v1/check", `{"domain":"test","attributes":{"api_key":"k1","path":"/both"},"cost":0}`)
+	found := false
 	for _, l := range a.body.Limits {
-		if l.Rule == "per-key" && l.Remaining != 3 {
-			t.Errorf("per-key remaining = %d after 2 admitted and 2 denied requests, want 3 (denied requests charge nothing)", l.Remaining)
+		if l.Rule == "per-key" {
+			found = true
+			if l.Remaining != 3 {
+				t.Errorf("per-key remaining = %d after 2 admitted requests and 1 denied, want 3 (a denied request charges nothing)", l.Remaining)
+			}
 		}
+	}
+	if !found {
+		t.Errorf("peek answered %s, want the per-key limit in it", a.raw)
 	}
 }
 

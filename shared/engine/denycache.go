@@ -8,9 +8,12 @@ import (
 )
 
 // denyCache remembers store keys that denied, until the time their request could be
-// admitted again, so a blocked client's requests are answered without the store. It
-// holds at most max entries; when full, expired entries are dropped, and if none had
-// expired the new entry is not kept (the store still decides correctly).
+// admitted again, so a blocked client's requests are answered without the store. An
+// entry answers only requests that cost at least as much as the one denied: a cheaper
+// request may still fit, and goes to the store. It
+// holds at most max entries; when full, the expired entries of a bounded sample are
+// dropped, and if none had expired the new entry is not kept (the store still decides
+// correctly).
 type denyCache struct {
 	mu      sync.Mutex
 	entries map[string]denial
@@ -19,6 +22,7 @@ type denyCache struct {
 
 type denial struct {
 	until int64 // Unix µs
+	cost  int64 // the denied request's cost
 	rule  string
 	d     algo.Decision
 }
@@ -48,7 +52,11 @@ func (c *denyCache) put(key string, d denial, now int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.entries[key]; !ok && len(c.entries) >= c.max {
+		seen := 0
 		for k, e := range c.entries {
+			if seen++; seen > 64 {
+				break
+			}
 			if e.until <= now {
 				delete(c.entries, k)
 			}
@@ -79,7 +87,7 @@ func (e *Engine) fromDenyCache(m matched, now int64) (Verdict, bool) {
 			continue
 		}
 		den, ok := e.deny.get(k, now)
-		if !ok {
+		if !ok || m.check.Cost < den.cost {
 			continue
 		}
 		d := den.d
@@ -110,12 +118,14 @@ func (e *Engine) remember(m matched, out algo.Outcome, now int64) {
 		if m.shadow[i] {
 			continue
 		}
-		for _, d := range ds {
-			if d.Allowed || d.RetryAfter <= 0 {
+		for j, d := range ds {
+			if d.Allowed || d.RetryAfter <= 0 || m.check.Cost > m.check.Meters[i].Limits[j].Capacity() {
+				// A cost above the capacity is denied whatever the state: nothing to
+				// remember about the key.
 				continue
 			}
 			// The store's clock decided; count the retry from ours.
-			e.deny.put(m.check.Keys[i], denial{until: now + int64(d.RetryAfter/time.Microsecond), rule: m.rules[i].Name, d: d}, now)
+			e.deny.put(m.check.Keys[i], denial{until: now + int64(d.RetryAfter/time.Microsecond), cost: m.check.Cost, rule: m.rules[i].Name, d: d}, now)
 			break
 		}
 	}

@@ -203,10 +203,37 @@ type matched struct {
 	shadow []bool         // per meter
 }
 
+// RemoteAddress and ForwardedFor are the attributes the engine normalizes: the client
+// address is aggregated as the policy's identity options say (IPv6 to a prefix, the
+// trusted X-Forwarded-For hop), whichever front door sent it.
+const (
+	RemoteAddress = "remote_address"
+	ForwardedFor  = "x-forwarded-for"
+)
+
+// attributes returns r's attributes with remote_address normalized; the caller's map
+// is copied only when the value changes.
+func (e *Engine) attributes(attrs map[string]string) map[string]string {
+	ra, ok := attrs[RemoteAddress]
+	if !ok {
+		return attrs
+	}
+	n := policy.NormalizeAddress(ra, attrs[ForwardedFor], e.pol.Identity)
+	if n == ra {
+		return attrs
+	}
+	c := make(map[string]string, len(attrs))
+	for k, v := range attrs {
+		c[k] = v
+	}
+	c[RemoteAddress] = n
+	return c
+}
+
 func (e *Engine) match(r Request) matched {
 	var m matched
 	m.check.Cost = r.Cost
-	for _, mt := range e.pol.Match(r.Attributes) {
+	for _, mt := range e.pol.Match(e.attributes(r.Attributes)) {
 		for i, mr := range mt.Meters {
 			m.check.Keys = append(m.check.Keys, mt.Keys[i])
 			m.check.Meters = append(m.check.Meters, mr)

@@ -314,3 +314,46 @@ func TestDenyCacheSparesRedis(t *testing.T) {
 		t.Errorf("Redis script calls for 10,000 blocked requests = %d, want at most 1", got)
 	}
 }
+
+// TestDenyCacheHonoursCost checks that a denial remembers what it cost: a request too
+// large for a limit's capacity leaves nothing in the cache, and a denial of a large
+// request does not answer a smaller one that fits.
+func TestDenyCacheHonoursCost(t *testing.T) {
+	srv := redistest.StartServer(t)
+	store, err := redisstore.Open(redisstore.Config{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	eng, err := engine.New(engine.Config{Policy: faultPolicy(t, "open", 3, time.Second), Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ask := func(key string, cost int64) engine.Verdict {
+		t.Helper()
+		v, err := eng.Check(ctx, engine.Request{Domain: "test", Attributes: map[string]string{"api_key": key}, Cost: cost})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	// 10 per minute: a cost of 11 can never pass, and must not block a cost of 1.
+	if v := ask("big", 11); v.Allowed {
+		t.Fatalf("cost 11 on 10/min = %+v, want denied", v)
+	}
+	if v := ask("big", 1); !v.Allowed || v.Cached {
+		t.Errorf("cost 1 after an impossible cost 11 = %+v, want allowed by the store", v)
+	}
+	// 8 of 10 used: a cost of 5 is denied, a cost of 2 still fits.
+	ask("mid", 8)
+	if v := ask("mid", 5); v.Allowed {
+		t.Fatalf("cost 5 with 2 left = %+v, want denied", v)
+	}
+	if v := ask("mid", 5); v.Allowed || !v.Cached {
+		t.Errorf("cost 5 again = %+v, want a cached denial", v)
+	}
+	if v := ask("mid", 2); !v.Allowed || v.Cached {
+		t.Errorf("cost 2 with 2 left after a denied cost 5 = %+v, want allowed by the store", v)
+	}
+}

@@ -18,10 +18,10 @@ import (
 const DefaultMaxKeys = 100000
 
 // Store keeps meter states in a map. It is safe for simultaneous use. Expired states
-// are dropped as they are met and when the store is full; when the store is full of
-// live states, the oldest-expiring one is forgotten to make room (that client's limit
-// restarts from empty: the store errs toward admitting rather than growing without
-// bound).
+// are dropped as they are met and when the store is full; when a sample of a full
+// store holds only live states, the one of them that expires first is forgotten to
+// make room (that client's limit restarts from empty: the store errs toward admitting
+// rather than growing without bound).
 type Store struct {
 	mu     sync.Mutex
 	states map[string]algo.State
@@ -118,12 +118,21 @@ func (s *Store) Decide(_ context.Context, c algo.Check) (algo.Outcome, error) {
 	return out, nil
 }
 
-// evict drops every expired state, and if none was, the state that expires first.
+// evictSample is how many states evict examines: a bounded amount of work per insert
+// into a full store, however large the store.
+const evictSample = 64
+
+// evict makes room in a full store: among a sample of states (map iteration starts at
+// a random place) it drops the expired ones, and if none was, the one that expires
+// first.
 func (s *Store) evict(now int64) {
 	var oldest string
 	oldestAt := int64(-1)
-	dropped := false
+	dropped, seen := false, 0
 	for k, st := range s.states {
+		if seen++; seen > evictSample {
+			break
+		}
 		if st.Expires <= now {
 			delete(s.states, k)
 			dropped = true

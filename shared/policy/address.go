@@ -49,6 +49,35 @@ func ClientAddress(peer, xff string, id Identity) string {
 	return p.String()
 }
 
+// NormalizeAddress returns the remote_address attribute a front door sent, in the form
+// ClientAddress gives: with id.TrustedProxies = N > 0 and an X-Forwarded-For value, the
+// N-th entry from its right; then an IPv4 address without its port, and an IPv6
+// address aggregated to id.IPv6Prefix bits. A value already in that form (a prefix such
+// as "2001:db8:1:2::/64") keeps it, so normalizing twice changes nothing; a value that
+// is no address is returned unchanged (the key builder escapes it).
+func NormalizeAddress(remote, xff string, id Identity) string {
+	s := remote
+	if id.TrustedProxies > 0 && strings.TrimSpace(xff) != "" {
+		if e, ok := fromRight(xff, id.TrustedProxies); ok {
+			s = strings.TrimSpace(e)
+		}
+	}
+	if _, ok := parseAddr(strings.TrimSpace(s)); ok {
+		return ClientAddress(s, "", id)
+	}
+	if p, err := netip.ParsePrefix(s); err == nil && p.Addr().Is6() && !p.Addr().Is4In6() {
+		bits := id.IPv6Prefix
+		if bits < 1 || bits > 128 {
+			bits = DefaultIPv6Prefix
+		}
+		if p.Bits() > bits {
+			p = netip.PrefixFrom(p.Addr(), bits)
+		}
+		return p.Masked().String()
+	}
+	return s
+}
+
 // fromRight returns the n-th (n >= 1) comma-separated entry of list counted from the
 // right, or false if list has fewer entries.
 func fromRight(list string, n int) (string, bool) {

@@ -61,3 +61,24 @@ func TestClientAddress(t *testing.T) {
 		})
 	}
 }
+
+// TestNormalizeAddressIdempotent checks that the engine's normalization keeps what the
+// authorizer already normalized, and leaves non-addresses alone.
+func TestNormalizeAddressIdempotent(t *testing.T) {
+	id := policy.Identity{IPv6Prefix: 64}
+	for _, peer := range []string{"192.0.2.1", "192.0.2.1:80", "[2001:db8::1]:443", "2001:db8:1:2:3:4:5:6", "::ffff:192.0.2.9"} {
+		once := policy.ClientAddress(peer, "", id)
+		if got := policy.NormalizeAddress(once, "", id); got != once {
+			t.Errorf("NormalizeAddress(ClientAddress(%q) = %q) = %q, want it unchanged", peer, once, got)
+		}
+		if got := policy.NormalizeAddress(peer, "", id); got != once {
+			t.Errorf("NormalizeAddress(%q) = %q, want %q as ClientAddress gives", peer, got, once)
+		}
+	}
+	if got := policy.NormalizeAddress("not an {address}", "", id); got != "not an {address}" {
+		t.Errorf("NormalizeAddress(garbage) = %q, want it unchanged", got)
+	}
+	if got := policy.NormalizeAddress("2001:db8:1:2:3::/80", "", id); got != "2001:db8:1:2::/64" {
+		t.Errorf("NormalizeAddress(a /80) = %q, want the /64", got)
+	}
+}

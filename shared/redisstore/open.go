@@ -85,7 +85,10 @@ func (c Config) Options() (*redis.UniversalOptions, error) {
 		PoolSize:              c.PoolSize,
 		ConnMaxLifetime:       def(c.ConnMaxLifetime, time.Hour),
 		DisableIdentity:       true,
-		MaxRedirects:          3,
+		// No redirects either: the cluster client retries on network errors as it
+		// follows redirects, and a script that timed out may have run. The store
+		// follows a MOVED itself (the script did not run there).
+		MaxRedirects: -1,
 		MaintNotificationsConfig: &maintnotifications.Config{
 			Mode: maintnotifications.ModeDisabled,
 		},
@@ -117,6 +120,7 @@ func Open(c Config) (*Store, error) {
 	case o.IsClusterMode:
 		co := o.Cluster()
 		co.MaxRetries = -1
+		co.MaxRedirects = -1
 		client = redis.NewClusterClient(co)
 	case o.MasterName != "":
 		client = redis.NewFailoverClient(o.Failover())

@@ -174,6 +174,15 @@ func (s *Store) run(ctx context.Context, c algo.Check, undo bool) (algo.Outcome,
 func (s *Store) call(ctx context.Context, c algo.Check, undo bool) (algo.Reply, error) {
 	args := algo.DecideArgs(c.Meters, c.Cost, c.Now, undo)
 	v, err := s.decide.Run(ctx, s.client, c.Keys, args...).Result()
+	if _, moved := redis.IsMovedError(err); moved {
+		// The slot moved (resharding, failover): the script did not run. Learn the new
+		// map and send it once more; any other error is final, since a script that
+		// timed out may have run, and running it again could charge twice.
+		if cc, ok := s.client.(*redis.ClusterClient); ok {
+			cc.ReloadState(ctx)
+			v, err = s.decide.Run(ctx, s.client, c.Keys, args...).Result()
+		}
+	}
 	if err != nil {
 		return algo.Reply{}, fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], err)
 	}

@@ -1,0 +1,101 @@
+package decision_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/shared/decision"
+	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/policy"
+	"github.com/tollgate-dev/tollgate/shared/redisstore"
+	"github.com/tollgate-dev/tollgate/shared/redistest"
+)
+
+func benchHandler(b *testing.B, st engine.Store) http.Handler {
+	b.Helper()
+	p, err := policy.Parse([]byte("domain: bench\nshard_by: api_key\nfailure: {mode: closed, timeout: 5s}\nrules:\n  - name: r\n    match: {api_key: \"*\"}\n    limits:\n      - {algorithm: gcra, rate: 1000000/s}\n"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	e, err := engine.New(engine.Config{Policy: p, Store: st})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return decision.NewHandler(e, decision.Options{})
+}
+
+func benchBodies(n int) [][]byte {
+	bodies := make([][]byte, n)
+	for i := range bodies {
+		bodies[i] = fmt.Appendf(nil, `{"domain":"bench","attributes":{"api_key":"client-%06d"},"cost":1}`, i)
+	}
+	return bodies
+}
+
+// BenchmarkHandlerInProcess is the HTTP layer's own cost (JSON in and out, headers)
+// around the engine with its in-process store: no network, no Redis.
+func BenchmarkHandlerInProcess(b *testing.B) {
+	h := benchHandler(b, nil)
+	bodies := benchBodies(10000)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		req := httptest.NewRequest(http.MethodPost, "/v1/check", bytes.NewReader(bodies[i%len(bodies)]))
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code != http.StatusOK {
+			b.Fatalf("POST /v1/check = %d %s", w.Code, w.Body)
+		}
+	}
+}
+
+// BenchmarkLoopback is one POST /v1/check at a time over loopback HTTP to the
+// decision service on Redis, with the engine on the batcher (the service's default)
+// or on the store.
+func BenchmarkLoopback(b *testing.B) {
+	srv := redistest.StartServer(b)
+	s, err := redisstore.Open(redisstore.Config{URL: srv.URL(), Timeout: 5 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Preload(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	bt, err := redisstore.NewBatcher(s, redisstore.BatchConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	bodies := benchBodies(10000)
+	for _, st := range []struct {
+		name  string
+		store engine.Store
+	}{{"batcher", bt}, {"store", s}} {
+		b.Run(st.name, func(b *testing.B) {
+			ts := httptest.NewServer(benchHandler(b, st.store))
+			defer ts.Close()
+			client := ts.Client()
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				i++
+				resp, err := client.Post(ts.URL+"/v1/check", "application/json", bytes.NewReader(bodies[i%len(bodies)]))
+				if err != nil {
+					b.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					b.Fatalf("POST /v1/check = %s", resp.Status)
+				}
+			}
+		})
+	}
+}
