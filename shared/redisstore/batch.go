@@ -1,0 +1,429 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+)
+
+// Defaults of BatchConfig.
+const (
+	DefaultMaxBatch = 64
+	DefaultMaxWait  = 50 * time.Microsecond
+)
+
+// BatchConfig configures a Batcher. The zero value of each field takes its default.
+type BatchConfig struct {
+	// MaxBatch is the most requests sent in one pipeline (default 64). A queue that
+	// reaches it goes out at once, even while another pipeline is in flight. 1 turns
+	// batching off: every request is its own EVALSHA, as with Store.Decide.
+	MaxBatch int
+	// MaxWait bounds how long a queued request waits for the pipeline in flight ahead
+	// of it before its queue goes out in a pipeline of its own (default 50µs). A
+	// request that finds nothing in flight never waits.
+	MaxWait time.Duration
+}
+
+// A Batcher decides requests on a Store, sending the requests that arrive while others
+// are in flight to Redis together, as one pipeline (per node of a cluster). A lone
+// request goes out at once; only when a round trip is already under way do arriving
+// requests queue, and the queue goes out when that round trip ends, when it holds
+// MaxBatch requests, or after MaxWait, whichever comes first. Each request stays its
+// own script call, all-or-nothing, with its own reply or error; only the round trip
+// is shared. A request whose keys span several cluster slots bypasses the batcher and
+// takes Store.Decide (with its refunds).
+//
+// Batcher implements the engine's Store interface. It is safe for simultaneous use
+// and starts no goroutine of its own while idle.
+type Batcher struct {
+	store    *Store
+	maxBatch int
+	maxWait  time.Duration
+	args     argCache
+	hash     any // the decision script's SHA-1, boxed once
+	calls    sync.Pool
+
+	mu       sync.Mutex
+	queue    []*call
+	inflight int // round trips (lone or pipelined) under way
+	timer    *time.Timer
+}
+
+// call is one queued request.
+type call struct {
+	check    algo.Check
+	deadline time.Time // zero: none
+	args     []any     // the EVALSHA command, reused between calls
+	cmd      *redis.Cmd
+	out      algo.Outcome
+	err      error
+	done     chan struct{} // receives once the outcome is set
+	given    atomic.Bool   // the waiter gave up (its context ended) after the call was taken
+}
+
+// NewBatcher returns a batcher on store.
+func NewBatcher(store *Store, cfg BatchConfig) (*Batcher, error) {
+	if store == nil {
+		return nil, errors.New("redisstore: nil store")
+	}
+	if cfg.MaxBatch < 0 || cfg.MaxWait < 0 {
+		return nil, fmt.Errorf("redisstore: batch config %+v: MaxBatch and MaxWait must not be negative", cfg)
+	}
+	b := &Batcher{
+		store:    store,
+		maxBatch: def(cfg.MaxBatch, DefaultMaxBatch),
+		maxWait:  def(cfg.MaxWait, DefaultMaxWait),
+		hash:     store.decide.Hash(),
+	}
+	b.calls.New = func() any { return &call{done: make(chan struct{}, 1)} }
+	b.timer = time.AfterFunc(time.Hour, b.expire)
+	b.timer.Stop()
+	return b, nil
+}
+
+// Store returns the store the batcher decides on.
+func (b *Batcher) Store() *Store { return b.store }
+
+// Decide decides every meter of c together, as Store.Decide does, sharing the round
+// trip with the requests in flight at the same time. It returns when the outcome is
+// known or ctx ends, whichever comes first; a request whose context ends after it was
+// sent may still have been charged, as with any command that times out. c must not be
+// modified until Decide returns.
+func (b *Batcher) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) {
+	if len(c.Keys) != len(c.Meters) || len(c.Meters) == 0 || (b.store.cluster && !oneSlot(c.Keys)) {
+		return b.store.Decide(ctx, c)
+	}
+	if b.maxBatch == 1 {
+		return b.lone(ctx, c)
+	}
+	b.mu.Lock()
+	if b.inflight == 0 && len(b.queue) == 0 {
+		// Nothing in flight: go now, without waiting.
+		b.inflight++
+		b.mu.Unlock()
+		out, err := b.lone(ctx, c)
+		if batch := b.finish(); batch != nil {
+			go b.flushLoop(batch)
+		}
+		return out, err
+	}
+	cl := b.calls.Get().(*call)
+	cl.check = c
+	cl.deadline, _ = ctx.Deadline()
+	b.queue = append(b.queue, cl)
+	var batch []*call
+	switch {
+	case len(b.queue) >= b.maxBatch:
+		batch = b.take()
+	case len(b.queue) == 1:
+		b.timer.Reset(b.maxWait)
+	}
+	b.mu.Unlock()
+	if batch != nil {
+		go b.flushLoop(batch)
+	}
+	select {
+	case <-cl.done:
+		out, err := cl.out, cl.err
+		b.release(cl)
+		return out, err
+	case <-ctx.Done():
+		b.mu.Lock()
+		queued := b.remove(cl)
+		b.mu.Unlock()
+		if !queued {
+			select {
+			case <-cl.done:
+				// The outcome arrived as the context ended: use it.
+				out, err := cl.out, cl.err
+				b.release(cl)
+				return out, err
+			default:
+				// In flight: the pipeline will still set the outcome; nobody reads it.
+				cl.given.Store(true)
+				return algo.Outcome{}, fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], ctx.Err())
+			}
+		}
+		b.release(cl)
+		return algo.Outcome{}, fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], ctx.Err())
+	}
+}
+
+// lone sends one request on its own.
+func (b *Batcher) lone(ctx context.Context, c algo.Check) (algo.Outcome, error) {
+	args := b.args.command(make([]any, 0, 16), b.hash, c)
+	cmd := redis.NewCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3)
+	_ = b.store.client.Process(ctx, cmd)
+	v, err := cmd.Result()
+	if isNoScript(err) {
+		return b.store.run(ctx, c, false)
+	}
+	return outcome(v, err, c)
+}
+
+// outcome decodes a decision script's reply to c.
+func outcome(v any, err error, c algo.Check) (algo.Outcome, error) {
+	if err != nil {
+		return algo.Outcome{}, fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], err)
+	}
+	rep, err := algo.ParseDecideReply(v, c.Meters)
+	if err != nil {
+		return algo.Outcome{}, fmt.Errorf("redisstore: decision script for %q: %w", c.Keys[0], err)
+	}
+	return algo.Outcome{Allowed: rep.Allowed, Decisions: rep.Decisions, Now: rep.Now}, nil
+}
+
+// take removes up to maxBatch calls from the head of the queue and counts a round
+// trip in flight for them. b.mu must be held.
+func (b *Batcher) take() []*call {
+	n := min(len(b.queue), b.maxBatch)
+	batch := make([]*call, n)
+	copy(batch, b.queue)
+	rest := copy(b.queue, b.queue[n:])
+	clear(b.queue[rest:])
+	b.queue = b.queue[:rest]
+	b.inflight++
+	return batch
+}
+
+// remove takes cl out of the queue, reporting whether it was still there. b.mu must
+// be held.
+func (b *Batcher) remove(cl *call) bool {
+	for i, q := range b.queue {
+		if q == cl {
+			copy(b.queue[i:], b.queue[i+1:])
+			b.queue[len(b.queue)-1] = nil
+			b.queue = b.queue[:len(b.queue)-1]
+			return true
+		}
+	}
+	return false
+}
+
+// finish ends a round trip and returns the next batch to send, if requests queued
+// behind it.
+func (b *Batcher) finish() []*call {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.inflight--
+	if len(b.queue) == 0 {
+		return nil
+	}
+	return b.take()
+}
+
+// expire sends the queue when its first request has waited MaxWait.
+func (b *Batcher) expire() {
+	b.mu.Lock()
+	if len(b.queue) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	batch := b.take()
+	b.mu.Unlock()
+	b.flushLoop(batch)
+}
+
+// flushLoop sends batch, then whatever queued behind it, until the queue is empty.
+func (b *Batcher) flushLoop(batch []*call) {
+	for batch != nil {
+		b.flush(batch)
+		batch = b.finish()
+	}
+}
+
+// flush sends batch as one pipeline and hands every call its outcome.
+func (b *Batcher) flush(batch []*call) {
+	ctx, cancel := batchContext(batch)
+	defer cancel()
+	for _, cl := range batch {
+		cl.args = b.args.command(cl.args[:0], b.hash, cl.check)
+		cl.cmd = redis.NewCmd(ctx, cl.args...)
+		cl.cmd.SetFirstKeyPos(3)
+	}
+	if len(batch) == 1 {
+		_ = b.store.client.Process(ctx, batch[0].cmd)
+	} else {
+		pipe := b.store.client.Pipeline()
+		for _, cl := range batch {
+			_ = pipe.Process(ctx, cl.cmd)
+		}
+		// Each command carries its own error; Exec's is the first of them.
+		_, _ = pipe.Exec(ctx)
+	}
+	var missing []*call
+	for _, cl := range batch {
+		if isNoScript(cl.cmd.Err()) {
+			missing = append(missing, cl)
+		}
+	}
+	if len(missing) > 0 {
+		// The script cache was flushed (or never loaded): EVAL loads it again.
+		pipe := b.store.client.Pipeline()
+		for _, cl := range missing {
+			cl.cmd = b.store.decide.Eval(ctx, pipe, cl.check.Keys, algo.DecideArgs(cl.check.Meters, cl.check.Cost, cl.check.Now, false)...)
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	for _, cl := range batch {
+		cmd := cl.cmd
+		cl.cmd = nil
+		if !cl.given.Load() {
+			v, err := cmd.Result()
+			cl.out, cl.err = outcome(v, err, cl.check)
+		}
+		cl.done <- struct{}{} // the call belongs to its waiter from here on
+	}
+}
+
+// release returns a call whose waiter has its outcome to the pool.
+func (b *Batcher) release(cl *call) {
+	clear(cl.args)
+	cl.args = cl.args[:0]
+	cl.check, cl.out, cl.err, cl.deadline = algo.Check{}, algo.Outcome{}, nil, time.Time{}
+	b.calls.Put(cl)
+}
+
+// batchContext returns the context a pipeline runs in: no cancellation of its own
+// (one caller going away must not fail the others) and the latest deadline of its
+// calls, or none if one has none. Each caller still returns at its own deadline.
+func batchContext(batch []*call) (context.Context, context.CancelFunc) {
+	var last time.Time
+	for _, cl := range batch {
+		if cl.deadline.IsZero() {
+			return context.Background(), func() {}
+		}
+		if cl.deadline.After(last) {
+			last = cl.deadline
+		}
+	}
+	return context.WithDeadline(context.Background(), last)
+}
+
+func isNoScript(err error) bool {
+	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
+}
+
+// oneSlot reports whether every key hashes to the same cluster slot.
+func oneSlot(keys []string) bool {
+	if len(keys) < 2 {
+		return true
+	}
+	tag := algo.HashTag(keys[0])
+	for _, k := range keys[1:] {
+		if algo.HashTag(k) != tag && algo.Slot(k) != algo.Slot(keys[0]) {
+			return false
+		}
+	}
+	return true
+}
+
+// argCache builds the decision script's EVALSHA command with the arguments of each
+// single-limit meter computed once: a decision then boxes only its keys (and a
+// recorded value), instead of formatting and boxing every number of every limit.
+// The cache holds at most maxCachedMeters meters; others are formatted every time.
+type argCache struct {
+	mu sync.Mutex                         // serialises writers
+	m  atomic.Pointer[map[meterKey][]any] // copy-on-write, read without locks
+}
+
+const maxCachedMeters = 1024
+
+// meterKey identifies the constant arguments of a single-limit meter.
+type meterKey struct {
+	limit  algo.Limit
+	shadow bool
+}
+
+// Boxed constants, so that building a command boxes nothing it can avoid.
+var (
+	evalshaArg any = "evalsha"
+	emptyArg   any = ""
+	zeroArg    any = "0"
+	smallInts      = func() (s [65]any) {
+		for i := range s {
+			s[i] = strconv.Itoa(i)
+		}
+		return s
+	}()
+)
+
+func smallInt(n int64) any {
+	if n >= 0 && n < int64(len(smallInts)) {
+		return smallInts[n]
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// command appends to dst the EVALSHA of the decision script (hash) for c, undo off:
+// the same arguments as algo.DecideArgs.
+func (a *argCache) command(dst []any, hash any, c algo.Check) []any {
+	dst = append(dst, evalshaArg, hash, len(c.Keys))
+	for _, k := range c.Keys {
+		dst = append(dst, k)
+	}
+	now := emptyArg
+	if c.Now != 0 {
+		now = strconv.FormatInt(c.Now, 10)
+	}
+	dst = append(dst, now, smallInt(c.Cost), zeroArg, smallInt(int64(len(c.Meters))))
+	for _, m := range c.Meters {
+		dst = a.meter(dst, m)
+	}
+	return dst
+}
+
+// meter appends the script arguments of m.
+func (a *argCache) meter(dst []any, m algo.Meter) []any {
+	if len(m.Limits) != 1 {
+		return algo.AppendMeterArgs(dst, m)
+	}
+	k := meterKey{m.Limits[0], m.Shadow}
+	var args []any
+	if mp := a.m.Load(); mp != nil {
+		args = (*mp)[k]
+	}
+	if args == nil {
+		args = a.add(k, m)
+	}
+	n := len(dst)
+	dst = append(dst, args...)
+	if m.Record != "" {
+		dst[n+2] = m.Record
+	}
+	return dst
+}
+
+// add computes and, while the cache has room, keeps the arguments of a meter.
+func (a *argCache) add(k meterKey, m algo.Meter) []any {
+	m.Record = ""
+	args := algo.AppendMeterArgs(nil, m)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	old := a.m.Load()
+	var n int
+	if old != nil {
+		n = len(*old)
+	}
+	if n >= maxCachedMeters {
+		return args
+	}
+	next := make(map[meterKey][]any, n+1)
+	if old != nil {
+		for kk, v := range *old {
+			next[kk] = v
+		}
+	}
+	next[k] = args
+	a.m.Store(&next)
+	return args
+}
