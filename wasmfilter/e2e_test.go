@@ -54,8 +54,10 @@ type envoyCallouts struct {
 	host    proxytest.HostEmulator
 	url     string
 	timeout time.Duration
-	// last is the decision service's last answer, as the filter received it.
-	last [][2]string
+	// last and lastBody are the decision service's last answer, as the filter
+	// received it.
+	last     [][2]string
+	lastBody []byte
 }
 
 // forward answers the request's newest callout and reports whether there was one.
@@ -82,12 +84,12 @@ func (e *envoyCallouts) forward(contextID uint32) bool {
 	resp, err := http.DefaultClient.Do(req)
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
-		e.last = [][2]string{{":status", "504"}}
-		e.host.CallOnHttpCallResponse(c.CalloutID, e.last, nil, []byte("upstream request timeout"))
+		e.last, e.lastBody = [][2]string{{":status", "504"}}, []byte("upstream request timeout")
+		e.host.CallOnHttpCallResponse(c.CalloutID, e.last, nil, e.lastBody)
 		return true
 	case err != nil:
-		e.last = [][2]string{{":status", "503"}}
-		e.host.CallOnHttpCallResponse(c.CalloutID, e.last, nil, []byte("upstream connect error"))
+		e.last, e.lastBody = [][2]string{{":status", "503"}}, []byte("upstream connect error")
+		e.host.CallOnHttpCallResponse(c.CalloutID, e.last, nil, e.lastBody)
 		return true
 	}
 	defer resp.Body.Close()
@@ -101,6 +103,7 @@ func (e *envoyCallouts) forward(contextID uint32) bool {
 			e.last = append(e.last, [2]string{strings.ToLower(name), v})
 		}
 	}
+	e.lastBody = body
 	e.host.CallOnHttpCallResponse(c.CalloutID, e.last, nil, body)
 	return true
 }
@@ -238,36 +241,81 @@ rules:
 	wantCounters(t, host, map[string]uint64{"allowed": 2, "shaped": 1})
 }
 
-// TestEndToEndRedisDown stops Redis under the decision service, whose policy fails
-// closed: the service answers 503 and the filter falls back to its local limits.
+// redisDownPolicy is e2ePolicy with the service's failure mode set to mode, and a
+// short decision timeout.
+func redisDownPolicy(mode string) string {
+	return strings.Replace(e2ePolicy, "failure: {mode: open, timeout: 2s}", "failure: {mode: "+mode+", timeout: 50ms}", 1)
+}
+
+// TestEndToEndRedisDown stops Redis under the decision service. The service's policy
+// decides what that means, not the filter's failure mode: a policy that fails closed
+// answers 503 with an "unavailable" verdict, which the filter passes on as its own
+// 503 without consulting its local limits; a policy that fails open answers 200
+// (degraded), which passes even though the filter itself fails closed. Only when
+// the service itself is gone, and Envoy answers the callout, does the filter's
+// failure mode decide.
 func TestEndToEndRedisDown(t *testing.T) {
-	srv, redis := decisionService(t, strings.Replace(e2ePolicy, "failure: {mode: open, timeout: 2s}", "failure: {mode: closed, timeout: 50ms}", 1))
-	host, _ := startFilter(t, cfg(`"failure_mode": "local",
-		"local_limits": [{"name": "local-per-key", "key": ["api_key"], "algorithm": "fixed_window", "rate": "2/min"}]`))
-	envoy := &envoyCallouts{t: t, host: host, url: srv.URL, timeout: 2 * time.Second}
-	redis.Stop()
+	t.Run("service fails closed", func(t *testing.T) {
+		srv, redis := decisionService(t, redisDownPolicy("closed"))
+		host, _ := startFilter(t, cfg(`"failure_mode": "local",
+			"local_limits": [{"name": "local-per-key", "key": ["api_key"], "algorithm": "fixed_window", "rate": "2/min"}]`))
+		envoy := &envoyCallouts{t: t, host: host, url: srv.URL, timeout: 2 * time.Second}
+		redis.Stop()
 
-	for i := 1; i <= 3; i++ {
-		id, _ := request(host, "k1", "/search")
+		for i := 1; i <= 3; i++ {
+			id, _ := request(host, "k1", "/search")
+			// Every request asks: the service's verdict is not cached.
+			if !envoy.forward(id) {
+				t.Fatalf("request %d made no callout", i)
+			}
+			if status := get(envoy.last, ":status"); status != "503" {
+				t.Fatalf("request %d: the service answered %s with Redis down, want 503", i, status)
+			}
+			if !unavailableVerdict(parseAnswer(envoy.lastBody)) {
+				t.Fatalf("request %d: the service's 503 body %s is not its unavailable verdict", i, envoy.lastBody)
+			}
+			lr := host.GetSentLocalResponse(id)
+			if lr == nil || lr.StatusCode != 503 {
+				t.Fatalf("request %d: local response %+v, want the filter's 503 (the service fails closed)", i, lr)
+			}
+			if got, want := get(lr.Headers, "retry-after"), get(envoy.last, "retry-after"); got != want || got != "1" {
+				t.Errorf("request %d: Retry-After = %q, want the service's %q (1)", i, got, want)
+			}
+		}
+		// The local 2/min limit would have let two through: it was not consulted.
+		wantCounters(t, host, map[string]uint64{"unavailable": 3})
+
+		// With the service itself gone, Envoy answers the callout 503 with a plain-text
+		// body: a failed callout, decided by the filter's failure mode (local).
+		srv.Close()
+		id, _ := request(host, "k2", "/search")
 		envoy.forward(id)
-		if status := get(envoy.last, ":status"); status != "503" {
-			t.Fatalf("request %d: the service answered %s with Redis down, want 503", i, status)
+		if lr := host.GetSentLocalResponse(id); lr != nil || host.GetCurrentHttpStreamAction(id) != types.ActionContinue {
+			t.Errorf("service down, k2: local response %+v, want it let through by the local limit", lr)
 		}
-		lr := host.GetSentLocalResponse(id)
-		switch {
-		case i <= 2 && (lr != nil || host.GetCurrentHttpStreamAction(id) != types.ActionContinue):
-			t.Errorf("request %d: local response %+v, want it let through by the local limit", i, lr)
-		case i == 3 && (lr == nil || lr.StatusCode != 429):
-			t.Errorf("request 3: local response %+v, want 429 from the local 2/min limit", lr)
-		}
-	}
-	wantCounters(t, host, map[string]uint64{"allowed": 2, "denied": 1, "callout_failures": 3, "failure_mode_activations": 3})
+		wantCounters(t, host, map[string]uint64{"unavailable": 3, "allowed": 1, "callout_failures": 1, "failure_mode_activations": 1})
+	})
 
-	// With the service itself gone, Envoy answers the callout 503: same fallback.
-	srv.Close()
-	id, _ := request(host, "k2", "/search")
-	envoy.forward(id)
-	if got := host.GetCurrentHttpStreamAction(id); got != types.ActionContinue {
-		t.Errorf("service down, k2: stream action %v, want Continue (local limit)", got)
-	}
+	t.Run("service fails open", func(t *testing.T) {
+		srv, redis := decisionService(t, redisDownPolicy("open"))
+		host, _ := startFilter(t, cfg(`"failure_mode": "closed"`))
+		envoy := &envoyCallouts{t: t, host: host, url: srv.URL, timeout: 2 * time.Second}
+		redis.Stop()
+
+		for i := 1; i <= 3; i++ {
+			id, _ := request(host, "k1", "/search")
+			envoy.forward(id)
+			if status := get(envoy.last, ":status"); status != "200" {
+				t.Fatalf("request %d: the service answered %s with Redis down, want 200 (it fails open)", i, status)
+			}
+			degraded, _ := parseAnswer(envoy.lastBody).Get("degraded")
+			if b, ok := degraded.Bool(); !ok || !b {
+				t.Errorf("request %d: the service's body %s, want degraded true", i, envoy.lastBody)
+			}
+			if lr := host.GetSentLocalResponse(id); lr != nil || host.GetCurrentHttpStreamAction(id) != types.ActionContinue {
+				t.Errorf("request %d: local response %+v, want the request passed on", i, lr)
+			}
+		}
+		wantCounters(t, host, map[string]uint64{"allowed": 3})
+	})
 }

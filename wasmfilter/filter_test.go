@@ -126,7 +126,7 @@ func counter(t *testing.T, host proxytest.HostEmulator, name string) uint64 {
 // wantCounters checks the named counters; counters not named must be zero.
 func wantCounters(t *testing.T, host proxytest.HostEmulator, want map[string]uint64) {
 	t.Helper()
-	for _, name := range []string{"allowed", "denied", "shaped", "callout_failures", "deny_cache_hits", "failure_mode_activations", "rejected"} {
+	for _, name := range []string{"allowed", "denied", "unavailable", "shaped", "callout_failures", "deny_cache_hits", "failure_mode_activations", "rejected"} {
 		if got := counter(t, host, "tollgate."+name); got != want[name] {
 			t.Errorf("counter tollgate.%s = %d, want %d", name, got, want[name])
 		}
@@ -338,13 +338,18 @@ func TestDenyCache(t *testing.T) {
 
 // calloutFailures are the ways a callout fails: Envoy's own 503 (no healthy
 // upstream, connection refused), its 504 (the callout's timeout), a response without
-// headers (a reset), and answers of the service that are neither 200 nor 429.
+// headers (a reset), and answers of the service that are neither 200, 429 nor its 503
+// verdict — a 503 whose body is not {"reason":"unavailable",…} included.
 var calloutFailures = []struct {
 	name    string
 	headers [][2]string
 	body    string
 }{
 	{"503 unavailable", [][2]string{{":status", "503"}}, "no healthy upstream"},
+	{"503 connect error", [][2]string{{":status", "503"}, {"content-type", "text/plain"}}, "upstream connect error or disconnect/reset before headers. reset reason: connection failure"},
+	{"503 JSON without reason", [][2]string{{":status", "503"}, {"content-type", "application/json"}}, `{"error":"store unavailable: dial tcp 127.0.0.1:6379: connect: connection refused"}`},
+	{"503 JSON string", [][2]string{{":status", "503"}}, `"unavailable"`},
+	{"500 with a verdict body", [][2]string{{":status", "500"}, {"retry-after", "1"}}, unavailableBody},
 	{"504 timeout", [][2]string{{":status", "504"}}, "upstream request timeout"},
 	{"no headers", nil, ""},
 	{"400 bad request", [][2]string{{":status", "400"}}, `{"error":"domain is required","field":"domain"}`},
@@ -400,6 +405,72 @@ func TestFailureModes(t *testing.T) {
 				t.Fatalf("fail local, second request over 1/min: local response %+v, want 429", lr)
 			}
 			wantCounters(t, host, map[string]uint64{"allowed": 1, "denied": 1, "callout_failures": 2, "failure_mode_activations": 2})
+		})
+	}
+}
+
+// unavailableBody is the decision service's answer when its store is down and its
+// policy fails closed; it comes with status 503 and Retry-After: 1.
+const unavailableBody = `{"allowed":false,"domain":"public-api","reason":"unavailable","limit":0,"remaining":0,"reset_after_ms":0,"retry_after_ms":1000,"delay_ms":0,"degraded":true,"limits":[]}`
+
+// TestServiceUnavailableVerdict: a 503 whose body is the service's "unavailable"
+// verdict is the service's decision to fail closed. Whatever the filter's own failure
+// mode, the filter replies 503 with the service's Retry-After, consults no local
+// limit and caches nothing.
+func TestServiceUnavailableVerdict(t *testing.T) {
+	local := `"local_limits": [{"name": "local-per-key", "key": ["api_key"], "algorithm": "fixed_window", "rate": "100/min"}]`
+	tests := []struct {
+		name           string
+		config         string
+		headers        [][2]string
+		body           string
+		wantRetryAfter string
+		wantRetryMs    float64
+	}{
+		{"filter open", `"failure_mode": "open"`,
+			[][2]string{{":status", "503"}, {"content-type", "application/json"}, {"Retry-After", "1"}}, unavailableBody, "1", 1000},
+		{"filter closed", `"failure_mode": "closed"`,
+			[][2]string{{":status", "503"}, {"Retry-After", "1"}}, unavailableBody, "1", 1000},
+		{"filter local", `"failure_mode": "local", ` + local,
+			[][2]string{{":status", "503"}, {"Retry-After", "1"}}, unavailableBody, "1", 1000},
+		{"service Retry-After", "",
+			[][2]string{{":status", "503"}, {"retry-after", "7"}}, `{"reason":"unavailable"}`, "7", 7000},
+		{"retry_after_ms without Retry-After", "",
+			[][2]string{{":status", "503"}}, `{"reason":"unavailable","retry_after_ms":2500}`, "3", 2500},
+		{"neither: 1 second", "",
+			[][2]string{{":status", "503"}, {"retry-after", "soon"}}, `{"allowed":false,"reason":"unavailable"}`, "1", 1000},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			host, _ := startFilter(t, cfg(tc.config))
+			for i := 1; i <= 2; i++ {
+				id, _ := request(host, "k1", "/search")
+				// The second request asks again: the verdict is not in the deny cache.
+				answer(t, host, id, tc.headers, tc.body)
+				lr := host.GetSentLocalResponse(id)
+				if lr == nil || lr.StatusCode != 503 {
+					t.Fatalf("request %d: local response %+v, want 503", i, lr)
+				}
+				if got := get(lr.Headers, "retry-after"); got != tc.wantRetryAfter {
+					t.Errorf("request %d: Retry-After = %q, want %q", i, got, tc.wantRetryAfter)
+				}
+				if got := get(lr.Headers, "content-type"); got != "application/json" {
+					t.Errorf("request %d: Content-Type = %q, want application/json", i, got)
+				}
+				var body map[string]any
+				if err := json.Unmarshal(lr.Data, &body); err != nil {
+					t.Fatalf("request %d: body %s is not JSON: %v", i, lr.Data, err)
+				}
+				want := map[string]any{"allowed": false, "error": "rate limiter unavailable", "domain": "public-api", "retry_after_ms": tc.wantRetryMs}
+				if !reflect.DeepEqual(body, want) {
+					t.Errorf("request %d: body = %v, want %v", i, body, want)
+				}
+				host.CallOnResponseHeaders(id, lr.Headers, true)
+				if got := host.GetCurrentResponseHeaders(id); !reflect.DeepEqual(got, lr.Headers) {
+					t.Errorf("request %d: the local reply's headers became %v, want them unchanged", i, got)
+				}
+			}
+			wantCounters(t, host, map[string]uint64{"unavailable": 2})
 		})
 	}
 }

@@ -85,8 +85,9 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 	return types.ActionPause
 }
 
-// onCheckResponse receives the decision service's answer, or Envoy's word that the
-// callout failed (a 503 or 504 of its own, or no headers at all).
+// onCheckResponse receives the decision service's answer (200, 429, or a 503 verdict
+// when its policy fails closed), or Envoy's word that the callout failed (a 503 or 504
+// of its own, or no headers at all).
 func (h *httpContext) onCheckResponse(numHeaders, bodySize, numTrailers int) {
 	if h.decide(numHeaders, bodySize) == types.ActionContinue {
 		if err := proxywasm.ResumeHttpRequest(); err != nil {
@@ -111,12 +112,14 @@ func (h *httpContext) decide(numHeaders, bodySize int) types.Action {
 		answer = parseAnswer(body)
 	}
 	status, _ := headerValue(headers, ":status")
-	switch status {
-	case "200":
+	switch {
+	case status == "200":
 		return h.allowed(headers, answer)
-	case "429":
+	case status == "429":
 		return h.denied(headers, answer)
-	case "":
+	case status == "503" && unavailableVerdict(answer):
+		return h.unavailable(headers, answer)
+	case status == "":
 		h.plugin.metrics.calloutFailures.Increment(1)
 		return h.failureMode("the callout failed without a response")
 	default:
@@ -137,6 +140,15 @@ func parseAnswer(body []byte) jsonv.Value {
 		return jsonv.Value{}
 	}
 	return v
+}
+
+// unavailableVerdict reports whether the body of a 503 is the decision service's
+// verdict that it cannot decide and its policy fails closed — a JSON object with
+// "reason": "unavailable" — rather than Envoy's own 503 (no healthy upstream, connect
+// error), whose body is plain text.
+func unavailableVerdict(answer jsonv.Value) bool {
+	r, ok := stringField(answer, "reason")
+	return ok && r == "unavailable"
 }
 
 // stringField returns the string member key of answer.
@@ -226,6 +238,32 @@ func (h *httpContext) denied(headers [][2]string, answer jsonv.Value) types.Acti
 	return h.reply(429, hs, deniedBody(p.cfg.domain, rule, retry))
 }
 
+// unavailable handles the service's 503 verdict: its store is down and its policy
+// fails closed. That is the service's decision, so the filter replies 503 itself with
+// the service's Retry-After (1 second when it sends none). The filter's own failure
+// mode does not apply, and the deny cache is left alone: the client did nothing to be
+// remembered for.
+func (h *httpContext) unavailable(headers [][2]string, answer jsonv.Value) types.Action {
+	p := h.plugin
+	retry, _ := millisField(answer, "retry_after_ms")
+	retryAfter, ok := headerValue(headers, "retry-after")
+	secs, err := strconv.ParseInt(retryAfter, 10, 64)
+	switch {
+	case ok && err == nil && secs > 0:
+		if retry <= 0 && secs <= math.MaxInt64/int64(time.Second) {
+			retry = time.Duration(secs) * time.Second
+		}
+	case retry > 0:
+		retryAfter = strconv.FormatInt(algo.RetryAfterSeconds(retry), 10)
+	default:
+		retryAfter, retry = "1", time.Second
+	}
+	p.metrics.unavailable.Increment(1)
+	proxywasm.LogWarnf("tollgate: the decision service is unavailable and its policy fails closed; replying 503 (Retry-After %s)", retryAfter)
+	hs := append([][2]string{{"retry-after", retryAfter}}, pick(headers, rateLimitHeaders)...)
+	return h.reply(503, hs, refusalBody("rate limiter unavailable", p.cfg.domain, ruleOf(headers, answer), retry))
+}
+
 // failureMode decides a request whose callout failed.
 func (h *httpContext) failureMode(reason string) types.Action {
 	p := h.plugin
@@ -294,7 +332,16 @@ func (h *httpContext) OnHttpStreamDone() {
 
 // deniedBody is the JSON body of a 429.
 func deniedBody(domain, rule string, retry time.Duration) []byte {
-	b := append([]byte(nil), `{"allowed":false,"error":"too many requests","domain":`...)
+	return refusalBody("too many requests", domain, rule, retry)
+}
+
+// refusalBody is the JSON body of a request the filter answers itself because it was
+// not allowed: {"allowed":false,"error":message,"domain":…,"rule":…,"retry_after_ms":…},
+// without "rule" when rule is empty.
+func refusalBody(message, domain, rule string, retry time.Duration) []byte {
+	b := append([]byte(nil), `{"allowed":false,"error":`...)
+	b = appendJSONString(b, message)
+	b = append(b, `,"domain":`...)
 	b = appendJSONString(b, domain)
 	if rule != "" {
 		b = append(b, `,"rule":`...)

@@ -23,7 +23,8 @@ type metrics struct {
 	allowed         proxywasm.MetricCounter // requests let through, shaped ones included
 	denied          proxywasm.MetricCounter // 429 answers: the service's, cached, local
 	shaped          proxywasm.MetricCounter // requests held for a leaky bucket's delay
-	calloutFailures proxywasm.MetricCounter // callouts that failed, timed out or answered neither 200 nor 429
+	unavailable     proxywasm.MetricCounter // 503 answers for the service's unavailable verdict (its policy fails closed)
+	calloutFailures proxywasm.MetricCounter // callouts that failed, timed out or answered neither 200, 429 nor a 503 verdict
 	cacheHits       proxywasm.MetricCounter // 429 answers from the deny cache, without a callout
 	failureMode     proxywasm.MetricCounter // requests decided by the failure mode
 	rejected        proxywasm.MetricCounter // 400 answers for an oversize attribute
@@ -34,6 +35,7 @@ func defineMetrics() metrics {
 		allowed:         proxywasm.DefineCounterMetric("tollgate.allowed"),
 		denied:          proxywasm.DefineCounterMetric("tollgate.denied"),
 		shaped:          proxywasm.DefineCounterMetric("tollgate.shaped"),
+		unavailable:     proxywasm.DefineCounterMetric("tollgate.unavailable"),
 		calloutFailures: proxywasm.DefineCounterMetric("tollgate.callout_failures"),
 		cacheHits:       proxywasm.DefineCounterMetric("tollgate.deny_cache_hits"),
 		failureMode:     proxywasm.DefineCounterMetric("tollgate.failure_mode_activations"),

@@ -38,6 +38,9 @@ type config struct {
 	RedisCluster bool   // REDIS_CLUSTER=true
 	AdminToken   string // TOLLGATE_ADMIN_TOKEN: enables /v1/state and /v1/reset
 	OnLambda     bool   // AWS_LAMBDA_RUNTIME_API is set
+	// Batch sends concurrent decisions to Redis as one pipeline (TOLLGATE_BATCH,
+	// default true; see redisstore.Batcher).
+	Batch bool
 	// Auth is the ElastiCache authentication: REDIS_AUTH_SECRET_ARN, or
 	// REDIS_IAM_USER + REDIS_CACHE_NAME (+ REDIS_IAM_SERVERLESS).
 	Auth awsredis.Auth
@@ -52,6 +55,14 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 		RedisURL:   getenv("REDIS_URL"),
 		AdminToken: getenv("TOLLGATE_ADMIN_TOKEN"),
 		OnLambda:   getenv("AWS_LAMBDA_RUNTIME_API") != "",
+		Batch:      true,
+	}
+	if v := getenv("TOLLGATE_BATCH"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return c, fmt.Errorf("TOLLGATE_BATCH=%q: want true or false", v)
+		}
+		c.Batch = b
 	}
 	if v := getenv("REDIS_CLUSTER"); v != "" {
 		b, err := strconv.ParseBool(v)
@@ -152,7 +163,16 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := decision.NewMetrics(reg)
-	eng, err := engine.New(engine.Config{Policy: p, Store: store, Logger: log, Hooks: metrics.Hooks()})
+	var decider engine.Store = store
+	if c.Batch {
+		b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{})
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		decider = b
+	}
+	eng, err := engine.New(engine.Config{Policy: p, Store: decider, Logger: log, Hooks: metrics.Hooks()})
 	if err != nil {
 		s.Close()
 		return nil, err

@@ -22,11 +22,13 @@ func TestLoadConfig(t *testing.T) {
 		want    config
 		wantErr string
 	}{
-		{"defaults", nil, nil, config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml"}, ""},
+		{"defaults", nil, nil, config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml", Batch: true}, ""},
+		{"batching off", map[string]string{"TOLLGATE_BATCH": "false"}, nil, config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml"}, ""},
+		{"bad batch flag", map[string]string{"TOLLGATE_BATCH": "sometimes"}, nil, config{}, "TOLLGATE_BATCH"},
 		{"env", map[string]string{"TOLLGATE_LISTEN": ":9", "TOLLGATE_POLICY": "p.yaml", "REDIS_URL": "redis://r:6379", "REDIS_CLUSTER": "true", "TOLLGATE_ADMIN_TOKEN": "t"}, nil,
-			config{Listen: ":9", PolicyPath: "p.yaml", RedisURL: "redis://r:6379", RedisCluster: true, AdminToken: "t"}, ""},
-		{"flags win", map[string]string{"TOLLGATE_LISTEN": ":9"}, []string{"--listen", ":10", "--policy", "x.yaml"}, config{Listen: ":10", PolicyPath: "x.yaml"}, ""},
-		{"inline policy", map[string]string{"TOLLGATE_POLICY_JSON": "{}"}, nil, config{Listen: "127.0.0.1:8080", PolicyJSON: "{}"}, ""},
+			config{Listen: ":9", PolicyPath: "p.yaml", RedisURL: "redis://r:6379", RedisCluster: true, AdminToken: "t", Batch: true}, ""},
+		{"flags win", map[string]string{"TOLLGATE_LISTEN": ":9"}, []string{"--listen", ":10", "--policy", "x.yaml"}, config{Listen: ":10", PolicyPath: "x.yaml", Batch: true}, ""},
+		{"inline policy", map[string]string{"TOLLGATE_POLICY_JSON": "{}"}, nil, config{Listen: "127.0.0.1:8080", PolicyJSON: "{}", Batch: true}, ""},
 		{"bad cluster flag", map[string]string{"REDIS_CLUSTER": "yes please"}, nil, config{}, "REDIS_CLUSTER"},
 		{"unknown flag", nil, []string{"--colour"}, config{}, "colour"},
 		{"secret and IAM", map[string]string{"REDIS_URL": "rediss://c:6379", "REDIS_AUTH_SECRET_ARN": "arn:s", "REDIS_IAM_USER": "u", "REDIS_CACHE_NAME": "c"}, nil, config{}, "not both"},
