@@ -14,6 +14,7 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/emf"
 	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/policy"
 )
 
 // ErrUnauthorized is the error API Gateway turns into 401 Unauthorized: its message
@@ -45,10 +46,13 @@ const (
 
 // Handler answers API Gateway authorizer events. It is safe for simultaneous use.
 type Handler struct {
-	eng      *engine.Engine
-	domain   string
-	x        extractor
-	needsKey bool
+	eng    *engine.Engine
+	pol    *policy.Policy
+	domain string
+	x      extractor
+	// keyRules are the policy's non-shadow rules that match on api_key: the rules
+	// that only a request with an API key can meet.
+	keyRules []*policy.Rule
 	usageKey bool
 	metrics  *metrics
 	log      *slog.Logger
@@ -78,14 +82,15 @@ func NewHandler(cfg HandlerConfig) (*Handler, error) {
 	p := cfg.Engine.Policy()
 	h := &Handler{
 		eng:      cfg.Engine,
+		pol:      p,
 		domain:   p.Domain,
 		x:        newExtractor(p),
 		usageKey: cfg.UsageIdentifierKey,
 		log:      cfg.Logger,
 	}
-	for _, a := range p.Attributes() {
-		if a == attrAPIKey {
-			h.needsKey = true
+	for _, r := range p.Rules {
+		if _, ok := r.Match[attrAPIKey]; ok && !r.Shadow {
+			h.keyRules = append(h.keyRules, r)
 		}
 	}
 	if h.log == nil {
@@ -99,10 +104,10 @@ func NewHandler(cfg HandlerConfig) (*Handler, error) {
 
 // Handle answers one event: a REST API TOKEN or REQUEST event with an IAM policy
 // (Allow or Deny on the method ARN), an HTTP API 2.0 event with a simple response
-// ({isAuthorized, context}). A request without the API key (or token) the policy
-// limits by fails with ErrUnauthorized; an event the authorizer cannot read fails with
-// an error wrapping ErrBadEvent. Being over a limit is a Deny, never an error; a
-// Redis failure is decided by the policy's failure mode.
+// ({isAuthorized, context}). A request that lacks an identity the policy requires
+// fails with ErrUnauthorized (see unauthorized); an event the authorizer cannot read
+// fails with an error wrapping ErrBadEvent. Being over a limit is a Deny, never an
+// error; a Redis failure is decided by the policy's failure mode.
 func (h *Handler) Handle(ctx context.Context, raw []byte) (any, error) {
 	start := time.Now()
 	reqID := ""
@@ -115,8 +120,9 @@ func (h *Handler) Handle(ctx context.Context, raw []byte) (any, error) {
 		h.metrics.record(start, "none", resultBadEvent, false)
 		return nil, err
 	}
-	if h.needsKey && !r.identity {
-		h.log.Info("unauthorized: no API key or token", "request_id", reqID, "event", r.shape.String(), "principal", r.principal)
+	if h.unauthorized(r) {
+		h.log.Info("unauthorized: no API key or token, and no rule limits the request without one",
+			"request_id", reqID, "event", r.shape.String(), "principal", r.principal)
 		h.metrics.record(start, "none", resultUnauthorized, false)
 		return nil, ErrUnauthorized
 	}
@@ -151,6 +157,57 @@ func (h *Handler) Handle(ctx context.Context, raw []byte) (any, error) {
 		}
 		return resp, nil
 	}
+}
+
+// unauthorized reports whether r lacks an identity the policy requires: a missing
+// identity is an authentication failure (401), not a rate-limit denial.
+//
+// A TOKEN authorizer always requires its token. Otherwise the policy requires an API
+// key of a request when only rules keyed on api_key could limit it: no non-shadow rule
+// applies to the request as it is, and some non-shadow rule that matches on api_key
+// would apply if it carried a key. A request that a non-shadow rule limits without a
+// key (POST /login by client address, /search globally) is decided, not rejected; one
+// that no rule could limit, key or not, is decided too (and allowed). Shadow rules
+// never deny, so they neither limit a request nor require its identity.
+func (h *Handler) unauthorized(r request) bool {
+	switch {
+	case r.identity:
+		return false
+	case r.shape == restToken:
+		return true
+	}
+	keyed := false
+	for _, rule := range h.keyRules {
+		if appliesWithKey(rule, r.attrs) {
+			keyed = true
+			break
+		}
+	}
+	if !keyed {
+		return false
+	}
+	for _, m := range h.pol.Match(r.attrs) {
+		if !m.Rule.Shadow {
+			return false
+		}
+	}
+	return true
+}
+
+// appliesWithKey reports whether rule would apply to a request with attrs and an
+// API key the rule accepts: whether every attribute it names but api_key is present in
+// attrs with the value the rule wants ("*": any value), as policy.Policy.Match
+// decides.
+func appliesWithKey(rule *policy.Rule, attrs map[string]string) bool {
+	for a, want := range rule.Match {
+		if a == attrAPIKey {
+			continue
+		}
+		if v, ok := attrs[a]; !ok || want != "*" && v != want {
+			return false
+		}
+	}
+	return true
 }
 
 // Invoke answers one event as raw JSON; it makes the Handler a lambda.Handler, so

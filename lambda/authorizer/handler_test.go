@@ -539,3 +539,227 @@ func TestBadPolicyFailsStart(t *testing.T) {
 		t.Fatalf("start(missing policy) error = %v, want one naming the file", err)
 	}
 }
+
+// shippedPolicy is the policy the authorizer is packaged with.
+const shippedPolicy = "../policy.yaml"
+
+// testARN is the method ARN (REST) or route ARN (HTTP API) of method and path.
+func testARN(stage, method, path string) string {
+	return "arn:aws:execute-api:us-east-1:123456789012:abcdef123/" + stage + "/" + method + path
+}
+
+// testRequest is one request as the tests send it: an empty ip, key or token is left
+// out of the event.
+type testRequest struct {
+	shape            shape
+	method, path, ip string
+	key              string // REST REQUEST, HTTP API: the x-api-key header
+	token            string // TOKEN
+	tenant           string // the X-Tenant header
+}
+
+// event is the authorizer event of r.
+func (r testRequest) event(t *testing.T) []byte {
+	t.Helper()
+	headers := map[string]any{"Accept": "application/json"}
+	if r.key != "" {
+		headers["x-api-key"] = r.key
+	}
+	if r.tenant != "" {
+		headers["X-Tenant"] = r.tenant
+	}
+	var ev map[string]any
+	switch r.shape {
+	case restRequest:
+		ev = map[string]any{
+			"type": "REQUEST", "methodArn": testARN("test", r.method, r.path),
+			"resource": r.path, "path": r.path, "httpMethod": r.method, "headers": headers,
+			"requestContext": map[string]any{
+				"stage": "test", "resourcePath": r.path, "httpMethod": r.method,
+				"identity": map[string]any{"sourceIp": r.ip},
+			},
+		}
+	case restToken:
+		ev = map[string]any{"type": "TOKEN", "authorizationToken": r.token, "methodArn": testARN("test", r.method, r.path)}
+	case httpV2:
+		route := r.method + " " + r.path
+		ev = map[string]any{
+			"version": "2.0", "type": "REQUEST", "routeArn": testARN("$default", r.method, r.path),
+			"routeKey": route, "rawPath": r.path, "headers": headers,
+			"requestContext": map[string]any{
+				"stage": "$default", "routeKey": route,
+				"http": map[string]any{"method": r.method, "path": r.path, "sourceIp": r.ip},
+			},
+		}
+	default:
+		t.Fatalf("testRequest.event: shape %v", r.shape)
+	}
+	b, err := json.Marshal(ev)
+	if err != nil {
+		t.Fatalf("Marshal(event) error = %v", err)
+	}
+	return b
+}
+
+// TestMissingIdentity checks when a request without an API key (or token) is
+// Unauthorized: only when the policy requires the key, because no non-shadow rule
+// limits the request without one and a rule keyed on api_key would with one. A
+// request some non-shadow rule limits without a key is decided.
+func TestMissingIdentity(t *testing.T) {
+	t.Parallel()
+	const (
+		anyRule = "*" // decided: allowed, whatever the deciding rule
+		noRule  = ""  // decided: allowed, no rule applies
+		unauth  = "Unauthorized"
+	)
+	// Policies written inline: none limits by api_key; a shadow rule keys on it; a
+	// rule keys on it for one path only.
+	noKeyRules := `{"domain": "d", "rules": [{"name": "per-ip", "match": {"remote_address": "*", "path": "/login"}, "limits": [{"algorithm": "gcra", "rate": "5/min"}]}]}`
+	shadowKeyRule := `{"domain": "d", "rules": [{"name": "per-key", "match": {"api_key": "*"}, "shadow": true, "limits": [{"algorithm": "gcra", "rate": "5/min"}]}]}`
+	uploadsOnly := `{"domain": "d", "rules": [{"name": "uploads", "match": {"api_key": "*", "path": "/upload"}, "limits": [{"algorithm": "gcra", "rate": "5/min"}]}]}`
+
+	const ip = "198.51.100.7"
+	type step struct {
+		req  testRequest
+		want string // unauth, or the rule of the Allow (anyRule: any, noRule: none)
+	}
+	tests := []struct {
+		name  string
+		env   map[string]string
+		steps []step
+	}{
+		{"shipped policy", map[string]string{"TOLLGATE_POLICY": shippedPolicy}, []step{
+			{testRequest{shape: restRequest, method: "POST", path: "/login", ip: ip}, anyRule},
+			{testRequest{shape: httpV2, method: "POST", path: "/login", ip: ip}, anyRule},
+			{testRequest{shape: restRequest, method: "GET", path: "/search", ip: ip}, anyRule},
+			{testRequest{shape: httpV2, method: "GET", path: "/search", ip: ip}, anyRule},
+			{testRequest{shape: restRequest, method: "GET", path: "/search"}, "search-global"},
+			// Only the shadow ip-tiers rule applies without a key.
+			{testRequest{shape: restRequest, method: "GET", path: "/items", ip: ip}, unauth},
+			{testRequest{shape: httpV2, method: "GET", path: "/items", ip: ip}, unauth},
+			{testRequest{shape: restRequest, method: "POST", path: "/upload", ip: ip}, unauth},
+			// login-per-ip needs the client address.
+			{testRequest{shape: restRequest, method: "POST", path: "/login"}, unauth},
+			{testRequest{shape: restRequest, method: "GET", path: "/items", ip: ip, key: testAPIKey}, anyRule},
+			{testRequest{shape: httpV2, method: "GET", path: "/items", ip: ip, key: testAPIKey}, anyRule},
+			// A TOKEN authorizer always requires its token.
+			{testRequest{shape: restToken, method: "POST", path: "/login"}, unauth},
+			{testRequest{shape: restToken, method: "GET", path: "/search"}, unauth},
+			{testRequest{shape: restToken, method: "GET", path: "/items", token: testToken}, "per-key"},
+		}},
+		{"test policy", map[string]string{"TOLLGATE_POLICY": testPolicy}, []step{
+			{testRequest{shape: restRequest, method: "POST", path: "/login", ip: ip}, unauth},
+			// The shadow per-tenant rule applies, and does not decide.
+			{testRequest{shape: restRequest, method: "GET", path: "/items", ip: ip, tenant: "acme"}, unauth},
+			{testRequest{shape: httpV2, method: "GET", path: "/items", ip: ip, tenant: "acme"}, unauth},
+			{testRequest{shape: restToken, method: "GET", path: "/items"}, unauth},
+			{testRequest{shape: restRequest, method: "GET", path: "/items", ip: ip, key: testAPIKey}, "per-key"},
+			{testRequest{shape: restToken, method: "GET", path: "/items", token: testToken}, "per-key"},
+		}},
+		{"no rule on api_key", map[string]string{"TOLLGATE_POLICY_JSON": noKeyRules}, []step{
+			{testRequest{shape: restRequest, method: "POST", path: "/login", ip: ip}, "per-ip"},
+			{testRequest{shape: restRequest, method: "GET", path: "/items", ip: ip}, noRule},
+			{testRequest{shape: httpV2, method: "GET", path: "/items"}, noRule},
+			{testRequest{shape: restToken, method: "GET", path: "/items"}, unauth},
+		}},
+		{"shadow rule on api_key", map[string]string{"TOLLGATE_POLICY_JSON": shadowKeyRule}, []step{
+			{testRequest{shape: restRequest, method: "GET", path: "/items", ip: ip}, noRule},
+			{testRequest{shape: httpV2, method: "GET", path: "/items", ip: ip}, noRule},
+		}},
+		{"api_key rule on one path", map[string]string{"TOLLGATE_POLICY_JSON": uploadsOnly}, []step{
+			{testRequest{shape: restRequest, method: "GET", path: "/items", ip: ip}, noRule},
+			{testRequest{shape: restRequest, method: "POST", path: "/upload", ip: ip}, unauth},
+			{testRequest{shape: httpV2, method: "POST", path: "/upload", ip: ip}, unauth},
+			{testRequest{shape: httpV2, method: "POST", path: "/upload", ip: ip, key: testAPIKey}, "uploads"},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ta := newTestApp(t, tt.env)
+			for _, st := range tt.steps {
+				r := st.req
+				m, err := ta.invoke(t, r.event(t))
+				if st.want == unauth {
+					if !errors.Is(err, ErrUnauthorized) || err.Error() != "Unauthorized" {
+						t.Errorf("Invoke(%+v) = %v, %v; want exactly Unauthorized", r, m, err)
+					} else if last := lastMetric(t, ta.metrics.String()); last["Result"] != "unauthorized" {
+						t.Errorf("Invoke(%+v) metric line = %v, want Result unauthorized", r, last)
+					}
+					continue
+				}
+				if err != nil {
+					t.Errorf("Invoke(%+v) error = %v, want a decision", r, err)
+					continue
+				}
+				a := readAnswer(t, r.shape, m)
+				if !a.allowed {
+					t.Errorf("Invoke(%+v) = %v, want Allow", r, m)
+				}
+				if st.want != anyRule && a.ctx["rule"] != st.want {
+					t.Errorf("Invoke(%+v) rule = %v, want %q", r, a.ctx["rule"], st.want)
+				}
+			}
+		})
+	}
+}
+
+// TestAnonymousLogin checks that the shipped policy's login-per-ip rule limits
+// anonymous logins: five a minute from one client address, on the in-process store
+// and on a real redis-server.
+func TestAnonymousLogin(t *testing.T) {
+	t.Parallel()
+	// The shipped policy with a timeout a loaded test machine meets: at 50ms a slow
+	// reply would be decided by the failure mode (open), not by the limit.
+	base, err := os.ReadFile(shippedPolicy)
+	if err != nil {
+		t.Fatalf("read policy: %v", err)
+	}
+	pol := strings.Replace(string(base), "timeout: 50ms", "timeout: 2s", 1)
+	if pol == string(base) {
+		t.Fatalf("%s has no \"timeout: 50ms\" to replace", shippedPolicy)
+	}
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(pol), 0o644); err != nil {
+		t.Fatalf("write policy: %v", err)
+	}
+	for _, backend := range []string{"in process", "redis"} {
+		for _, s := range []shape{restRequest, httpV2} {
+			t.Run(backend+"/"+s.String(), func(t *testing.T) {
+				t.Parallel()
+				env := map[string]string{"TOLLGATE_POLICY": path}
+				if backend == "redis" {
+					env["REDIS_URL"] = redistest.StartServer(t).URL()
+				}
+				ta := newTestApp(t, env)
+				login := testRequest{shape: s, method: "POST", path: "/login", ip: "198.51.100.7"}
+				for i := 1; i <= 6; i++ {
+					m, err := ta.invoke(t, login.event(t))
+					if err != nil {
+						t.Fatalf("Invoke(POST /login) #%d error = %v, want a decision", i, err)
+					}
+					a := readAnswer(t, s, m)
+					if want := i <= 5; a.allowed != want {
+						t.Fatalf("Invoke(POST /login) #%d allowed = %v, want %v (answer %v)", i, a.allowed, want, m)
+					}
+					if i == 6 {
+						c := a.ctx
+						if c["rule"] != "login-per-ip" || num(t, c, "limit") != 5 || num(t, c, "retryAfter") < 1 {
+							t.Errorf("Invoke(POST /login) #6 context = %v, want rule login-per-ip, limit 5, retryAfter ≥ 1", c)
+						}
+						if last := lastMetric(t, ta.metrics.String()); last["Result"] != "denied" || last["Rule"] != "login-per-ip" {
+							t.Errorf("metric line = %v, want Result denied, Rule login-per-ip", last)
+						}
+					}
+				}
+				// Another client address has logins of its own.
+				other := login
+				other.ip = "198.51.100.8"
+				m, err := ta.invoke(t, other.event(t))
+				if err != nil || !readAnswer(t, s, m).allowed {
+					t.Errorf("Invoke(POST /login from another address) = %v, %v; want Allow", m, err)
+				}
+			})
+		}
+	}
+}

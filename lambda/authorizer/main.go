@@ -29,10 +29,15 @@
 // Retry-After: context.authorizer.retryAfter (infra/terraform does). Authorizer result
 // caching must be off (TTL 0): a cached Allow would skip the limiter.
 //
-// When the policy limits by api_key and a request has no API key (or an empty
-// token), the authorizer fails with the error "Unauthorized", which API Gateway
-// answers with 401. When Redis fails, the policy's failure mode decides (open,
-// closed or local).
+// A request that lacks an identity the policy requires fails with the error
+// "Unauthorized", which API Gateway answers with 401: a missing identity is an
+// authentication failure, not a rate-limit denial. The policy requires an API key of
+// a request when only rules keyed on api_key could limit it: no non-shadow rule
+// applies to the request without a key, and one that matches on api_key would with
+// one. A request some non-shadow rule limits without a key (POST /login by client
+// address, /search globally) is decided, not rejected. A TOKEN event with an empty
+// token is always Unauthorized: a TOKEN authorizer requires its token. When Redis
+// fails, the policy's failure mode decides (open, closed or local).
 //
 // Configuration, all from the environment (see config): REDIS_URL (rediss:// for
 // TLS), REDIS_CLUSTER, REDIS_POOL_SIZE, REDIS_CONN_MAX_LIFETIME;
