@@ -2,6 +2,33 @@
 # Lambda functions: the authorizer and the decision service
 ################################################################################
 
+locals {
+  # Names var.environment_variables may not set (see its validations): those
+  # Lambda reserves (besides every AWS_LAMBDA_* and LAMBDA_* name), and those
+  # the module sets itself in local.cache_environment.
+  lambda_reserved_environment_names = [
+    "_HANDLER",
+    "_X_AMZN_TRACE_ID",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_EXECUTION_ENV",
+    "AWS_ACCESS_KEY",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+  ]
+  module_environment_names = [
+    "REDIS_URL",
+    "REDIS_CLUSTER",
+    "REDIS_AUTH_SECRET_ARN",
+    "REDIS_IAM_USER",
+    "REDIS_CACHE_NAME",
+    "REDIS_IAM_SERVERLESS",
+    "TOLLGATE_POLICY",
+    "TOLLGATE_POLICY_JSON",
+  ]
+}
+
 resource "aws_cloudwatch_log_group" "this" {
   for_each = local.functions
 

@@ -150,6 +150,11 @@ variable "parameter_group_name" {
   description = "Cache parameter group of the replication group. Null uses the engine's default group for the major version (default.valkey8, default.valkey8.cluster.on, ...)."
   type        = string
   default     = null
+
+  validation {
+    condition     = var.parameter_group_name == null || can(regex("^[A-Za-z]([A-Za-z0-9.-]{0,253}[A-Za-z0-9])?$", var.parameter_group_name))
+    error_message = "The parameter_group_name must be null or a parameter group name: 1 to 255 letters, digits, hyphens or periods, starting with a letter and ending with a letter or digit."
+  }
 }
 
 variable "kms_key_arn" {
@@ -175,9 +180,33 @@ variable "snapshot_retention_limit" {
 }
 
 variable "maintenance_window" {
-  description = "Weekly maintenance window of the replication group, e.g. sun:05:00-sun:06:00. Null lets AWS choose."
+  description = "Weekly maintenance window of the replication group: ddd:hh24:mi-ddd:hh24:mi in UTC, at least 60 minutes, e.g. sun:05:00-sun:06:00. Null lets AWS choose."
   type        = string
   default     = null
+
+  validation {
+    condition     = var.maintenance_window == null || can(regex("^(sun|mon|tue|wed|thu|fri|sat):([01][0-9]|2[0-3]):[0-5][0-9]-(sun|mon|tue|wed|thu|fri|sat):([01][0-9]|2[0-3]):[0-5][0-9]$", lower(var.maintenance_window)))
+    error_message = "The maintenance_window must be null or ddd:hh24:mi-ddd:hh24:mi in UTC, e.g. sun:05:00-sun:06:00 (days sun, mon, tue, wed, thu, fri, sat)."
+  }
+
+  # ElastiCache's shortest window is 60 minutes. Minutes of the week of the end
+  # minus those of the start, modulo a week (windows may wrap past Saturday).
+  validation {
+    condition = var.maintenance_window == null || try(
+      (
+        sum([
+          for i, part in split("-", lower(var.maintenance_window)) :
+          (i == 0 ? -1 : 1) * (
+            index(["sun", "mon", "tue", "wed", "thu", "fri", "sat"], split(":", part)[0]) * 1440 +
+            tonumber(split(":", part)[1]) * 60 +
+            tonumber(split(":", part)[2])
+          )
+        ]) + 10080
+      ) % 10080 >= 60,
+      true # a malformed window is reported by the format check above
+    )
+    error_message = "The maintenance_window must last at least 60 minutes (ElastiCache's minimum), e.g. sun:05:00-sun:06:00."
+  }
 }
 
 variable "apply_immediately" {
@@ -396,9 +425,23 @@ variable "policy_json" {
 }
 
 variable "environment_variables" {
-  description = "Extra environment variables for both functions. The cache wiring (REDIS_*) and the policy variables (TOLLGATE_POLICY, TOLLGATE_POLICY_JSON) take precedence over entries of the same name. Useful ones: REDIS_POOL_SIZE, REDIS_CONN_MAX_LIFETIME, TOLLGATE_METRICS."
+  description = "Extra environment variables for both functions. Names Lambda reserves (_HANDLER, _X_AMZN_TRACE_ID, AWS_REGION, AWS_DEFAULT_REGION, AWS_EXECUTION_ENV, the credential variables, AWS_LAMBDA_*, LAMBDA_*) and those the module sets (REDIS_URL, REDIS_CLUSTER, REDIS_AUTH_SECRET_ARN, REDIS_IAM_USER, REDIS_CACHE_NAME, REDIS_IAM_SERVERLESS, TOLLGATE_POLICY, TOLLGATE_POLICY_JSON) are rejected. Useful ones: REDIS_POOL_SIZE, REDIS_CONN_MAX_LIFETIME, TOLLGATE_METRICS."
   type        = map(string)
   default     = {}
+
+  # Lambda refuses to create a function that sets a reserved name, and sets the
+  # AWS_LAMBDA_* and LAMBDA_* variables itself (AWS_LAMBDA_LOG_LEVEL and
+  # AWS_LAMBDA_LOG_FORMAT from logging_config). Other AWS_* names (SDK settings
+  # such as AWS_MAX_ATTEMPTS) are allowed.
+  validation {
+    condition     = !anytrue([for key in keys(var.environment_variables) : contains(local.lambda_reserved_environment_names, key) || startswith(key, "AWS_LAMBDA_") || startswith(key, "LAMBDA_")])
+    error_message = "The environment_variables must not set ${join(", ", sort([for key in keys(var.environment_variables) : key if contains(local.lambda_reserved_environment_names, key) || startswith(key, "AWS_LAMBDA_") || startswith(key, "LAMBDA_")]))}: Lambda reserves or sets these names itself (_HANDLER, _X_AMZN_TRACE_ID, AWS_REGION, AWS_DEFAULT_REGION, AWS_EXECUTION_ENV, AWS_ACCESS_KEY, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN and every AWS_LAMBDA_* and LAMBDA_* name)."
+  }
+
+  validation {
+    condition     = length(setintersection(keys(var.environment_variables), local.module_environment_names)) == 0
+    error_message = "The environment_variables must not set ${join(", ", sort(setintersection(keys(var.environment_variables), local.module_environment_names)))}: the module sets these names itself and would override the entries (the REDIS_* wiring comes from the cache and auth_mode, TOLLGATE_POLICY from policy_file, TOLLGATE_POLICY_JSON from policy_json)."
+  }
 }
 
 variable "application_log_level" {
@@ -533,7 +576,7 @@ variable "create_limiter_function_url" {
 }
 
 variable "limiter_function_url_authorization_type" {
-  description = "Auth type of the decision service's Function URL: AWS_IAM (callers sign with SigV4) or NONE (public)."
+  description = "Auth type of the decision service's Function URL: AWS_IAM (callers sign with SigV4) or NONE (public: anyone on the internet may call it; needs allow_public_function_url = true)."
   type        = string
   default     = "AWS_IAM"
 
@@ -541,6 +584,17 @@ variable "limiter_function_url_authorization_type" {
     condition     = contains(["AWS_IAM", "NONE"], var.limiter_function_url_authorization_type)
     error_message = "The limiter_function_url_authorization_type must be AWS_IAM or NONE."
   }
+
+  validation {
+    condition     = var.limiter_function_url_authorization_type != "NONE" || var.allow_public_function_url
+    error_message = "A Function URL with authorization_type NONE lets anyone on the internet call the decision service (and spend its rate limits): set allow_public_function_url = true to opt in, or keep AWS_IAM."
+  }
+}
+
+variable "allow_public_function_url" {
+  description = "Opt in to a public Function URL: must be true for limiter_function_url_authorization_type = \"NONE\", which lets anyone on the internet invoke the decision service."
+  type        = bool
+  default     = false
 }
 
 variable "limiter_function_url_invoke_mode" {
@@ -570,13 +624,13 @@ variable "limiter_function_url_allowed_principals" {
 ################################################################################
 
 variable "metrics_namespace" {
-  description = "CloudWatch namespace of the functions' embedded-metric-format (EMF) metrics, such as FailureModeActivations; it must match the namespace the functions write (Tollgate)."
+  description = "CloudWatch namespace of the functions' embedded-metric-format (EMF) metrics, such as FailureModeActivations, that the alarms and the dashboard read. It must be Tollgate, the namespace the authorizer hard-codes (it reads no variable for it)."
   type        = string
   default     = "Tollgate"
 
   validation {
-    condition     = length(var.metrics_namespace) > 0 && !startswith(var.metrics_namespace, "AWS/")
-    error_message = "The metrics_namespace must be non-empty and must not start with AWS/."
+    condition     = var.metrics_namespace == "Tollgate"
+    error_message = "The metrics_namespace must be \"Tollgate\": the authorizer always writes its metrics there, so alarms and dashboard widgets on any other namespace would never see data."
   }
 }
 

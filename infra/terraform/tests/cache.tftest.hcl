@@ -25,6 +25,25 @@ variables {
   ]
 }
 
+# Each log group gets its own ARN (the mock's default gives every log group the
+# same one), so the assertion that a function may write only to its own log
+# group can tell the two apart and fail.
+override_resource {
+  target          = aws_cloudwatch_log_group.this["authorizer"]
+  override_during = plan
+  values = {
+    arn = "arn:aws:logs:eu-west-1:123456789012:log-group:/aws/lambda/tollgate-authorizer"
+  }
+}
+
+override_resource {
+  target          = aws_cloudwatch_log_group.this["limiter"]
+  override_during = plan
+  values = {
+    arn = "arn:aws:logs:eu-west-1:123456789012:log-group:/aws/lambda/tollgate-limiter"
+  }
+}
+
 run "defaults_valkey_iam_one_replica" {
   command = plan
 
@@ -151,6 +170,12 @@ run "defaults_valkey_iam_one_replica" {
       ][0] == ["${aws_cloudwatch_log_group.this[key].arn}:log-stream:*"]
     ])
     error_message = "Each function may write only to its own log group."
+  }
+
+  # Guards the assertion above: with equal ARNs it could not fail.
+  assert {
+    condition     = aws_cloudwatch_log_group.this["authorizer"].arn != aws_cloudwatch_log_group.this["limiter"].arn
+    error_message = "The test needs distinct mocked log group ARNs (override_resource above)."
   }
 
   assert {

@@ -85,7 +85,8 @@ run "concurrency_environment_and_no_function_url" {
     policy_json                     = "{\"rules\":[]}"
     environment_variables = {
       TOLLGATE_LOG_LEVEL = "debug"
-      REDIS_URL          = "redis://must-not-win:6379"
+      REDIS_POOL_SIZE    = "20"
+      AWS_MAX_ATTEMPTS   = "5"
     }
   }
 
@@ -97,9 +98,11 @@ run "concurrency_environment_and_no_function_url" {
   assert {
     condition = (
       aws_lambda_function.this["limiter"].environment[0].variables.TOLLGATE_LOG_LEVEL == "debug" &&
+      aws_lambda_function.this["limiter"].environment[0].variables.REDIS_POOL_SIZE == "20" &&
+      aws_lambda_function.this["limiter"].environment[0].variables.AWS_MAX_ATTEMPTS == "5" &&
       startswith(aws_lambda_function.this["limiter"].environment[0].variables.REDIS_URL, "rediss://master.")
     )
-    error_message = "Extra variables must be added, but never override the cache wiring."
+    error_message = "Extra variables (including REDIS_* and AWS_* names the module and Lambda leave free) must be added next to the cache wiring."
   }
 
   assert {
@@ -110,5 +113,27 @@ run "concurrency_environment_and_no_function_url" {
   assert {
     condition     = length(aws_lambda_function_url.limiter) == 0 && output.limiter_function_url == null
     error_message = "create_limiter_function_url = false must create no Function URL."
+  }
+}
+
+run "public_function_url_with_opt_in" {
+  command = plan
+
+  variables {
+    limiter_function_url_authorization_type = "NONE"
+    allow_public_function_url               = true
+  }
+
+  assert {
+    condition     = aws_lambda_function_url.limiter[0].authorization_type == "NONE"
+    error_message = "With the opt-in, the Function URL must be public."
+  }
+
+  assert {
+    condition = (
+      aws_lambda_permission.limiter_function_url_public[0].principal == "*" &&
+      aws_lambda_permission.limiter_function_url_public[0].function_url_auth_type == "NONE"
+    )
+    error_message = "A public Function URL needs the resource policy that lets anyone invoke it."
   }
 }

@@ -119,3 +119,119 @@ run "iam_auth_needs_engine_7" {
 
   expect_failures = [aws_elasticache_replication_group.this]
 }
+
+run "rejects_reserved_environment_variables" {
+  command = plan
+
+  variables {
+    environment_variables = {
+      _HANDLER             = "main"
+      AWS_REGION           = "us-east-1"
+      AWS_LAMBDA_LOG_LEVEL = "DEBUG"
+      LAMBDA_TASK_ROOT     = "/tmp"
+    }
+  }
+
+  expect_failures = [var.environment_variables]
+}
+
+run "rejects_environment_variables_the_module_sets" {
+  command = plan
+
+  variables {
+    environment_variables = {
+      REDIS_URL       = "redis://must-not-win:6379"
+      TOLLGATE_POLICY = "/var/task/other.yaml"
+    }
+  }
+
+  expect_failures = [var.environment_variables]
+}
+
+run "rejects_malformed_maintenance_window" {
+  command = plan
+
+  variables {
+    maintenance_window = "sun:25:00-sun:26:00"
+  }
+
+  expect_failures = [var.maintenance_window]
+}
+
+run "rejects_maintenance_window_in_words" {
+  command = plan
+
+  variables {
+    maintenance_window = "sunday 05:00-06:00"
+  }
+
+  expect_failures = [var.maintenance_window]
+}
+
+run "rejects_maintenance_window_under_an_hour" {
+  command = plan
+
+  variables {
+    maintenance_window = "sun:05:00-sun:05:30"
+  }
+
+  expect_failures = [var.maintenance_window]
+}
+
+run "rejects_empty_parameter_group_name" {
+  command = plan
+
+  variables {
+    parameter_group_name = ""
+  }
+
+  expect_failures = [var.parameter_group_name]
+}
+
+run "rejects_parameter_group_name_with_bad_characters" {
+  command = plan
+
+  variables {
+    parameter_group_name = "my_params!"
+  }
+
+  expect_failures = [var.parameter_group_name]
+}
+
+run "accepts_maintenance_window_and_parameter_group" {
+  command = plan
+
+  variables {
+    # Wraps past Saturday midnight: one hour long.
+    maintenance_window   = "sat:23:30-sun:00:30"
+    parameter_group_name = "tollgate-valkey8.custom"
+  }
+
+  assert {
+    condition = (
+      aws_elasticache_replication_group.this[0].maintenance_window == "sat:23:30-sun:00:30" &&
+      aws_elasticache_replication_group.this[0].parameter_group_name == "tollgate-valkey8.custom"
+    )
+    error_message = "A valid maintenance_window and parameter_group_name must reach the replication group."
+  }
+}
+
+run "public_function_url_needs_opt_in" {
+  command = plan
+
+  variables {
+    limiter_function_url_authorization_type = "NONE"
+  }
+
+  expect_failures = [var.limiter_function_url_authorization_type]
+}
+
+run "rejects_other_metrics_namespace" {
+  command = plan
+
+  variables {
+    metrics_namespace = "MyCompany/Tollgate"
+  }
+
+  expect_failures = [var.metrics_namespace]
+}
