@@ -14,9 +14,52 @@ var luaFiles embed.FS
 // algorithms, then the entry point.
 var luaOrder = []string{"prelude", "fixed_window", "sliding_log", "sliding_window", "token_bucket", "gcra", "leaky_bucket", "bucket_ring"}
 
-func luaSource(entry string) string {
+func luaSource(entry string) string { return luaSourceFor(AllAlgorithms, entry) }
+
+// An AlgorithmSet is a set of algorithms: bit i stands for Algorithms[i].
+type AlgorithmSet uint8
+
+// AllAlgorithms is the set of every algorithm of the catalogue.
+const AllAlgorithms AlgorithmSet = 1<<7 - 1
+
+// SetOf returns the set of the algorithms of meters.
+func SetOf(meters []Meter) AlgorithmSet {
+	var s AlgorithmSet
+	for _, m := range meters {
+		for i, a := range Algorithms {
+			if m.Algorithm() == a {
+				s |= 1 << i
+			}
+		}
+	}
+	return s
+}
+
+func (s AlgorithmSet) has(a Algorithm) bool {
+	for i, b := range Algorithms {
+		if a == b {
+			return s&(1<<i) != 0
+		}
+	}
+	return false
+}
+
+// DecideScriptFor returns the decision script with the Lua of the algorithms in set
+// only (and of those they build on: leaky_bucket needs gcra's), so that Redis does not
+// define every algorithm's functions on every call. A meter of another algorithm
+// fails with "unknown algorithm". DecideScriptFor(AllAlgorithms) is DecideScript().
+func DecideScriptFor(set AlgorithmSet) string { return luaSourceFor(set, "decide") }
+
+func luaSourceFor(set AlgorithmSet, entry string) string {
 	var src []byte
-	for _, name := range append(luaOrder, entry) {
+	var names []string
+	for _, name := range luaOrder {
+		a := Algorithm(name)
+		if name == "prelude" || set.has(a) || a == GCRA && set.has(LeakyBucket) {
+			names = append(names, name)
+		}
+	}
+	for _, name := range append(names, entry) {
 		b, err := luaFiles.ReadFile("lua/" + name + ".lua")
 		if err != nil {
 			// The files are embedded at build time; a missing one is a build defect.

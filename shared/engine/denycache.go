@@ -83,7 +83,7 @@ func (e *Engine) fromDenyCache(m matched, now int64) (Verdict, bool) {
 		return Verdict{}, false
 	}
 	for i, k := range m.check.Keys {
-		if m.shadow[i] {
+		if m.rule(i).Shadow {
 			continue
 		}
 		den, ok := e.deny.get(k, now)
@@ -115,7 +115,7 @@ func (e *Engine) remember(m matched, out algo.Outcome, now int64) {
 		return
 	}
 	for i, ds := range out.Decisions {
-		if m.shadow[i] {
+		if m.rule(i).Shadow {
 			continue
 		}
 		for j, d := range ds {
@@ -125,7 +125,7 @@ func (e *Engine) remember(m matched, out algo.Outcome, now int64) {
 				continue
 			}
 			// The store's clock decided; count the retry from ours.
-			e.deny.put(m.check.Keys[i], denial{until: now + int64(d.RetryAfter/time.Microsecond), cost: m.check.Cost, rule: m.rules[i].Name, d: d}, now)
+			e.deny.put(m.check.Keys[i], denial{until: now + int64(d.RetryAfter/time.Microsecond), cost: m.check.Cost, rule: m.rule(i).Name, d: d}, now)
 			break
 		}
 	}

@@ -197,10 +197,21 @@ func (e *Engine) ValidateRequest(r Request) error {
 }
 
 // matched is a request's meters with what each belongs to.
+//
+// When one rule matched (the common case) the check shares the policy's slices and
+// one holds the rule; otherwise rules holds each meter's rule.
 type matched struct {
-	check  algo.Check
-	rules  []*policy.Rule // per meter
-	shadow []bool         // per meter
+	check algo.Check
+	one   *policy.Rule
+	rules []*policy.Rule // per meter, when several rules matched
+}
+
+// rule returns the rule of meter i.
+func (m *matched) rule(i int) *policy.Rule {
+	if m.one != nil {
+		return m.one
+	}
+	return m.rules[i]
 }
 
 // RemoteAddress and ForwardedFor are the attributes the engine normalizes: the client
@@ -233,12 +244,24 @@ func (e *Engine) attributes(attrs map[string]string) map[string]string {
 func (e *Engine) match(r Request) matched {
 	var m matched
 	m.check.Cost = r.Cost
-	for _, mt := range e.pol.Match(e.attributes(r.Attributes)) {
+	mts := e.pol.Match(e.attributes(r.Attributes))
+	if len(mts) == 1 {
+		// Match's slices are the request's own and are never modified.
+		m.check.Keys, m.check.Meters, m.one = mts[0].Keys, mts[0].Meters, mts[0].Rule
+		return m
+	}
+	n := 0
+	for _, mt := range mts {
+		n += len(mt.Meters)
+	}
+	m.check.Keys = make([]string, 0, n)
+	m.check.Meters = make([]algo.Meter, 0, n)
+	m.rules = make([]*policy.Rule, 0, n)
+	for _, mt := range mts {
 		for i, mr := range mt.Meters {
 			m.check.Keys = append(m.check.Keys, mt.Keys[i])
 			m.check.Meters = append(m.check.Meters, mr)
 			m.rules = append(m.rules, mt.Rule)
-			m.shadow = append(m.shadow, mt.Rule.Shadow)
 		}
 	}
 	return m
@@ -327,7 +350,7 @@ func (e *Engine) failureMode(ctx context.Context, m matched, now int64, cause er
 			e.log.Error("in-process decision failed", "err", err)
 			return Verdict{Allowed: true, Degraded: true}
 		}
-		v := e.verdict(matched{check: c, rules: m.rules, shadow: m.shadow}, out)
+		v := e.verdict(matched{check: c, one: m.one, rules: m.rules}, out)
 		v.Degraded = true
 		return v
 	default:
@@ -339,13 +362,19 @@ func (e *Engine) failureMode(ctx context.Context, m matched, now int64, cause er
 // limit's detail, and the headers.
 func (e *Engine) verdict(m matched, out algo.Outcome) Verdict {
 	v := Verdict{Allowed: out.Allowed}
+	n := 0
+	for _, ds := range out.Decisions {
+		n += len(ds)
+	}
+	v.Limits = make([]LimitResult, 0, n)
 	best := -1
 	var bestD algo.Decision
 	for i, ds := range out.Decisions {
 		mt := m.check.Meters[i]
 		for j, d := range ds {
-			v.Limits = append(v.Limits, LimitResult{Rule: m.rules[i].Name, Algorithm: mt.Limits[j].Algorithm, Shadow: m.shadow[i], Decision: d})
-			if m.shadow[i] {
+			rule := m.rule(i)
+			v.Limits = append(v.Limits, LimitResult{Rule: rule.Name, Algorithm: mt.Limits[j].Algorithm, Shadow: rule.Shadow, Decision: d})
+			if rule.Shadow {
 				continue
 			}
 			if out.Allowed {

@@ -159,7 +159,7 @@ func (b *Batcher) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error
 
 // lone sends one request on its own.
 func (b *Batcher) lone(ctx context.Context, c algo.Check) (algo.Outcome, error) {
-	args := b.args.command(make([]any, 0, 16), b.hash, c)
+	args := b.args.command(make([]any, 0, 16), b.store.scriptFor(c.Meters).hash, c)
 	cmd := redis.NewCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
 	_ = b.store.client.Process(ctx, cmd)
@@ -246,7 +246,7 @@ func (b *Batcher) flush(batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
 	for _, cl := range batch {
-		cl.args = b.args.command(cl.args[:0], b.hash, cl.check)
+		cl.args = b.args.command(cl.args[:0], b.store.scriptFor(cl.check.Meters).hash, cl.check)
 		cl.cmd = redis.NewCmd(ctx, cl.args...)
 		cl.cmd.SetFirstKeyPos(3)
 	}
@@ -270,7 +270,7 @@ func (b *Batcher) flush(batch []*call) {
 		// The script cache was flushed (or never loaded): EVAL loads it again.
 		pipe := b.store.client.Pipeline()
 		for _, cl := range missing {
-			cl.cmd = b.store.decide.Eval(ctx, pipe, cl.check.Keys, algo.DecideArgs(cl.check.Meters, cl.check.Cost, cl.check.Now, false)...)
+			cl.cmd = b.store.scriptFor(cl.check.Meters).script.Eval(ctx, pipe, cl.check.Keys, algo.DecideArgs(cl.check.Meters, cl.check.Cost, cl.check.Now, false)...)
 		}
 		_, _ = pipe.Exec(ctx)
 	}

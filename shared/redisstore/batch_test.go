@@ -259,13 +259,22 @@ func TestBatcherCluster(t *testing.T) {
 		}
 	}
 	// Keys in two slots bypass the batcher (in one script they would fail with
-	// CROSSSLOT) and take Store.Decide, slot by slot.
-	c := algo.Check{Keys: []string{"test:{slot-a}", "test:{slot-b}"}, Meters: []algo.Meter{m, m}, Cost: 1}
+	// CROSSSLOT) and take Store.Decide, slot by slot, refunds included: the loose
+	// limit is charged only for the requests the tight one admitted.
+	tight := algo.Meter{Limits: []algo.Limit{dayLimit(algo.FixedWindow, 10)}}
+	c := algo.Check{Keys: []string{"test:{slot-a}", "test:{slot-b}"}, Meters: []algo.Meter{m, tight}, Cost: 1}
 	if algo.Slot(c.Keys[0]) == algo.Slot(c.Keys[1]) {
 		t.Fatalf("keys %v share a slot; pick others", c.Keys)
 	}
-	if got := hammer(t, b, 8, 5, c); got != 40 {
-		t.Errorf("cross-slot decisions admitted %d, want 40", got)
+	if got := hammer(t, b, 8, 5, c); got != 10 {
+		t.Errorf("cross-slot decisions admitted %d, want 10", got)
+	}
+	out, err := b.Decide(context.Background(), algo.Check{Keys: c.Keys[:1], Meters: c.Meters[:1], Cost: 0})
+	if err != nil {
+		t.Fatalf("Decide(peek) = %v", err)
+	}
+	if got := out.Decisions[0][0].Remaining; got != 40 {
+		t.Errorf("loose limit remaining = %d, want 40 (charged only with the tight one)", got)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -21,6 +22,45 @@ type Store struct {
 	decide  *redis.Script
 	refund  *redis.Script
 	cluster bool
+	args    argCache // precomputed script arguments of the policy's meters
+	hash    any      // the decision script's SHA-1, boxed once
+	// sets holds, per set of algorithms, the decision script with only their Lua.
+	sets [algo.AllAlgorithms + 1]atomic.Pointer[setScript]
+}
+
+// setScript is the decision script of one set of algorithms.
+type setScript struct {
+	script *redis.Script
+	hash   any // boxed once
+}
+
+// scriptFor returns the decision script for the algorithms of meters.
+func (s *Store) scriptFor(meters []algo.Meter) *setScript {
+	set := algo.SetOf(meters)
+	if sc := s.sets[set].Load(); sc != nil {
+		return sc
+	}
+	sc := &setScript{script: redis.NewScript(algo.DecideScriptFor(set))}
+	sc.hash = sc.script.Hash()
+	if !s.sets[set].CompareAndSwap(nil, sc) {
+		return s.sets[set].Load()
+	}
+	return sc
+}
+
+// load loads the scripts on one node: the full decision script, the refund script
+// and the decision script of each algorithm alone.
+func (s *Store) load(ctx context.Context, c redis.Scripter) error {
+	scripts := []*redis.Script{s.decide, s.refund}
+	for _, a := range algo.Algorithms {
+		scripts = append(scripts, s.scriptFor([]algo.Meter{{Limits: []algo.Limit{{Algorithm: a}}}}).script)
+	}
+	for _, sc := range scripts {
+		if err := sc.Load(ctx, c).Err(); err != nil {
+			return fmt.Errorf("redisstore: load script: %w", err)
+		}
+	}
+	return nil
 }
 
 // New returns a store on client. A *redis.ClusterClient is decided slot by slot; any
@@ -30,12 +70,14 @@ func New(client redis.UniversalClient) (*Store, error) {
 		return nil, errors.New("redisstore: nil client")
 	}
 	_, cluster := client.(*redis.ClusterClient)
-	return &Store{
+	s := &Store{
 		client:  client,
 		decide:  redis.NewScript(algo.DecideScript()),
 		refund:  redis.NewScript(algo.RefundScript()),
 		cluster: cluster,
-	}, nil
+	}
+	s.hash = s.decide.Hash()
+	return s, nil
 }
 
 // Client returns the store's Redis client.
@@ -47,14 +89,7 @@ func (s *Store) Close() error { return s.client.Close() }
 // Preload loads the scripts on every node (every master of a cluster), so the first
 // decisions run EVALSHA without a NOSCRIPT round trip.
 func (s *Store) Preload(ctx context.Context) error {
-	load := func(ctx context.Context, c redis.Scripter) error {
-		for _, sc := range []*redis.Script{s.decide, s.refund} {
-			if err := sc.Load(ctx, c).Err(); err != nil {
-				return fmt.Errorf("redisstore: load script: %w", err)
-			}
-		}
-		return nil
-	}
+	load := s.load
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return load(ctx, c) })
 	}
@@ -70,7 +105,12 @@ func (s *Store) Ping(ctx context.Context) error {
 			return fmt.Errorf("redisstore: ping: %w", err)
 		}
 		if len(ok) == 0 || !ok[0] {
-			return errors.New("redisstore: decision script not loaded")
+			// Decisions load only the scripts of the algorithms they use (EVAL on
+			// NOSCRIPT); load the full set, as Preload does, so that readiness
+			// recovers by itself after a restart or SCRIPT FLUSH.
+			if err := s.load(ctx, c); err != nil {
+				return fmt.Errorf("redisstore: decision script not loaded: %w", err)
+			}
 		}
 		return nil
 	}
@@ -172,15 +212,36 @@ func (s *Store) run(ctx context.Context, c algo.Check, undo bool) (algo.Outcome,
 }
 
 func (s *Store) call(ctx context.Context, c algo.Check, undo bool) (algo.Reply, error) {
+	if !undo {
+		// The common case: one EVALSHA whose arguments are mostly precomputed. On
+		// NOSCRIPT (once per script cache flush) or MOVED (the script did not run)
+		// the general path below sends it again.
+		sc := s.scriptFor(c.Meters)
+		cmd := redis.NewCmd(ctx, s.args.command(make([]any, 0, 16), sc.hash, c)...)
+		cmd.SetFirstKeyPos(3)
+		_ = s.client.Process(ctx, cmd)
+		v, err := cmd.Result()
+		if _, moved := redis.IsMovedError(err); !moved && !isNoScript(err) {
+			if err != nil {
+				return algo.Reply{}, fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], err)
+			}
+			rep, err := algo.ParseDecideReply(v, c.Meters)
+			if err != nil {
+				return algo.Reply{}, fmt.Errorf("redisstore: decision script for %q: %w", c.Keys[0], err)
+			}
+			return rep, nil
+		}
+	}
 	args := algo.DecideArgs(c.Meters, c.Cost, c.Now, undo)
-	v, err := s.decide.Run(ctx, s.client, c.Keys, args...).Result()
+	decide := s.scriptFor(c.Meters).script
+	v, err := decide.Run(ctx, s.client, c.Keys, args...).Result()
 	if _, moved := redis.IsMovedError(err); moved {
 		// The slot moved (resharding, failover): the script did not run. Learn the new
 		// map and send it once more; any other error is final, since a script that
 		// timed out may have run, and running it again could charge twice.
 		if cc, ok := s.client.(*redis.ClusterClient); ok {
 			cc.ReloadState(ctx)
-			v, err = s.decide.Run(ctx, s.client, c.Keys, args...).Result()
+			v, err = decide.Run(ctx, s.client, c.Keys, args...).Result()
 		}
 	}
 	if err != nil {

@@ -22,6 +22,29 @@ else
 end
 local cost = tonumber(ARGV[2])
 local undo = ARGV[3] == '1'
+if ARGV[4] == '1' and not undo then
+  -- One meter without undo, the common request: no bookkeeping for several.
+  local algo = A[ARGV[5]]
+  if not algo then return redis.error_reply('tollgate: unknown algorithm ' .. tostring(ARGV[5])) end
+  local nl = tonumber(ARGV[8])
+  local lims = {}
+  for j = 1, nl do
+    local p = 9 + (j - 1) * 4
+    lims[j] = {tonumber(ARGV[p]), tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3])}
+  end
+  local ds, commit = algo.check(KEYS[1], now, cost, lims, ARGV[7])
+  local out = {now, 1}
+  for j = 1, #ds do
+    local d, o = ds[j], 2 + (j - 1) * 5
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = d[1], d[2], d[3], d[4], d[5]
+  end
+  if commit then
+    commit()
+  elseif ARGV[6] ~= '1' then
+    out[2] = 0
+  end
+  return out
+end
 local m = tonumber(ARGV[4])
 local pos = 5
 local out = {now, 1}

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/shared/redistest"
+)
+
+// TestQuickRun runs the bench's core in quick mode against a real redis-server, so
+// `go test ./...` exercises every contender, the report and the chart. It asserts
+// that every cell decided without errors, never how fast.
+func TestQuickRun(t *testing.T) {
+	srv := redistest.StartServer(t)
+	cfg, err := loadConfig(func(string) string { return "" }, []string{"-quick", "-duration", "40ms", "-warmup", "5ms", "-clients", "200", "-mem-clients", "500"})
+	if err != nil {
+		t.Fatalf("loadConfig() = %v", err)
+	}
+	cfg.RedisURL = srv.URL()
+	cfg.Out = t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := run(ctx, cfg, nil)
+	if err != nil {
+		t.Fatalf("run() = %v", err)
+	}
+	if want := len(subjects()); len(res.Subjects) != want {
+		t.Errorf("run() measured %d subjects, want %d", len(res.Subjects), want)
+	}
+	for _, c := range res.Cells {
+		if c.Ops == 0 || c.Errors > 0 {
+			t.Errorf("cell %s %s c=%d: %d decisions, %d errors (%s), want some and none", c.Subject, c.Keyset, c.Conc, c.Ops, c.Errors, c.FirstErr)
+		}
+	}
+	if got, want := len(res.Memory), len(algoNames())+1; got != want {
+		t.Errorf("run() measured memory for %d algorithms, want %d", got, want)
+	}
+	if err := writeReport(cfg.Out, res); err != nil {
+		t.Fatalf("writeReport() = %v", err)
+	}
+	for _, name := range []string{"report.md", "results.json", "throughput.svg", "README-section.md"} {
+		b, err := os.ReadFile(filepath.Join(cfg.Out, name))
+		if err != nil || len(b) == 0 {
+			t.Errorf("report file %s: %v, %d bytes", name, err, len(b))
+		}
+	}
+	report, _ := os.ReadFile(filepath.Join(cfg.Out, "report.md"))
+	for _, want := range []string{"## Targets", "redis_rate", "engine+batch/gcra", "denied/deny-cache", "MEMORY USAGE"} {
+		if !strings.Contains(string(report), want) {
+			t.Errorf("report.md lacks %q", want)
+		}
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	t.Parallel()
+	env := func(k string) string {
+		if k == "REDIS_URL" {
+			return "redis://127.0.0.1:6379"
+		}
+		return ""
+	}
+	c, err := loadConfig(env, []string{"-c", "2,16", "-duration", "1s"})
+	if err != nil {
+		t.Fatalf("loadConfig() = %v", err)
+	}
+	if c.RedisURL != "redis://127.0.0.1:6379" || len(c.Conc) != 2 || c.Conc[1] != 16 || c.Duration != time.Second || c.Clients != 10000 {
+		t.Errorf("loadConfig() = %+v, want REDIS_URL, c=2,16, 1s, 10000 clients", c)
+	}
+	for _, args := range [][]string{{"-c", "0"}, {"-c", "x"}, {"-duration", "0s"}, {"-only", "("}} {
+		if _, err := loadConfig(env, args); err == nil {
+			t.Errorf("loadConfig(%q) = nil error, want one", args)
+		}
+	}
+}

@@ -1,0 +1,271 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/redisstore"
+	"github.com/tollgate-dev/tollgate/shared/redistest"
+)
+
+// benchLimit admits far more than a benchmark can send: every decision is a charge.
+func benchLimit(a algo.Algorithm) algo.Limit {
+	l := algo.Limit{Algorithm: a, Count: 1000000, Period: time.Second}
+	if a == algo.SlidingLog {
+		l.Count = algo.MaxLogCount
+	}
+	return l
+}
+
+// benchClients is the number of distinct keys the benchmarks cycle through.
+const benchClients = 10000
+
+func benchKeys(prefix string) []string {
+	keys := make([]string, benchClients)
+	for i := range keys {
+		keys[i] = algo.Key("bench:", fmt.Sprintf("client-%06d", i), prefix, "", 0)
+	}
+	return keys
+}
+
+// BenchmarkDecide measures one decision per algorithm, serially: the latency of a
+// lone request through Store.Decide, through a Batcher with batching off (the
+// precomputed arguments only) and through a Batcher with batching on (a lone request
+// must not wait for MaxWait).
+func BenchmarkDecide(b *testing.B) {
+	srv := redistest.StartServer(b)
+	s := openStore(b, srv.URL(), false)
+	ctx := context.Background()
+	for _, a := range algo.Algorithms {
+		m := []algo.Meter{{Limits: []algo.Limit{benchLimit(a)}}}
+		keys := benchKeys(string(a))
+		for _, mode := range []struct {
+			name string
+			d    decider
+		}{
+			{"store", s},
+			{"unbatched", newBatcher(b, s, redisstore.BatchConfig{MaxBatch: 1})},
+			{"batcher", newBatcher(b, s, redisstore.BatchConfig{})},
+		} {
+			b.Run(string(a)+"/"+mode.name, func(b *testing.B) {
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					i++
+					if _, err := mode.d.Decide(ctx, algo.Check{Keys: keys[i%len(keys) : i%len(keys)+1], Meters: m, Cost: 1}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkDecideParallel measures throughput with 64 requests in flight (on 2 CPUs,
+// SetParallelism(32)), batched or not.
+func BenchmarkDecideParallel(b *testing.B) {
+	srv := redistest.StartServer(b)
+	s := openStore(b, srv.URL(), false)
+	ctx := context.Background()
+	for _, a := range []algo.Algorithm{algo.GCRA, algo.FixedWindow, algo.TokenBucket} {
+		m := []algo.Meter{{Limits: []algo.Limit{benchLimit(a)}}}
+		keys := benchKeys(string(a))
+		for _, mode := range []struct {
+			name string
+			d    decider
+		}{
+			{"store", s},
+			{"unbatched", newBatcher(b, s, redisstore.BatchConfig{MaxBatch: 1})},
+			{"batcher", newBatcher(b, s, redisstore.BatchConfig{})},
+		} {
+			b.Run(string(a)+"/"+mode.name, func(b *testing.B) {
+				var next atomic.Int64
+				b.ReportAllocs()
+				b.SetParallelism(32)
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						i := int(next.Add(1)) % len(keys)
+						tctx, cancel := context.WithTimeout(ctx, time.Second)
+						_, err := mode.d.Decide(tctx, algo.Check{Keys: keys[i : i+1], Meters: m, Cost: 1})
+						cancel()
+						if err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			})
+		}
+	}
+}
+
+// luaSource concatenates the decision script's files the way package algo does,
+// with only the given algorithms.
+func luaSource(b *testing.B, algs ...string) string {
+	b.Helper()
+	var src []byte
+	for _, name := range append(append([]string{"prelude"}, algs...), "decide") {
+		f, err := os.ReadFile("../algo/lua/" + name + ".lua")
+		if err != nil {
+			b.Fatal(err)
+		}
+		src = append(src, f...)
+		src = append(src, '\n')
+	}
+	return string(src)
+}
+
+// BenchmarkScriptCost measures what one script call costs Redis itself (INFO
+// commandstats usec per call, reported as redis-µs/call): the ceiling, redis_rate's
+// GCRA, tollgate's decision script with every algorithm, and the same script with
+// only gcra's Lua in it. Commands are sent in pipelines of 100 to keep the client
+// out of the measurement.
+func BenchmarkScriptCost(b *testing.B) {
+	srv := redistest.StartServer(b)
+	s := openStore(b, srv.URL(), false)
+	c := s.Client()
+	ctx := context.Background()
+	gcra := []algo.Meter{{Limits: []algo.Limit{benchLimit(algo.GCRA)}}}
+	args := algo.DecideArgs(gcra, 1, 0, false)
+	for _, tc := range []struct {
+		name string
+		src  string
+		args []any
+	}{
+		{"return1", "return 1", nil},
+		{"redis_rate", redisRateScript, []any{1000000, 1000000, 1.0, 1}},
+		{"tollgate-all-algorithms", algo.DecideScript(), args},
+		{"tollgate-gcra-only", luaSource(b, "gcra"), args},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			sc := redis.NewScript(tc.src)
+			if err := sc.Load(ctx, c).Err(); err != nil {
+				b.Fatal(err)
+			}
+			keys := benchKeys(tc.name)
+			if err := c.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			cpu0 := redisCPU(b, c)
+			i := 0
+			for b.Loop() {
+				pipe := c.Pipeline()
+				for range 100 {
+					i++
+					sc.EvalSha(ctx, pipe, keys[i%len(keys):i%len(keys)+1], tc.args...)
+				}
+				if _, err := pipe.Exec(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			info, err := c.Info(ctx, "commandstats").Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, line := range strings.Split(info, "\n") {
+				if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:"); ok {
+					for _, kv := range strings.Split(rest, ",") {
+						if v, ok := strings.CutPrefix(kv, "usec_per_call="); ok {
+							f, _ := strconv.ParseFloat(v, 64)
+							b.ReportMetric(f, "redis-µs/call")
+						}
+					}
+				}
+			}
+			// CPU time is steadier than commandstats' wall time on a busy machine: a
+			// call that the scheduler preempts does not count the wait.
+			b.ReportMetric((redisCPU(b, c)-cpu0)*1e6/float64(b.N*100), "redis-cpu-µs/call")
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100)/1e3, "µs/call")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+// redisCPU returns the Redis process's CPU time, user and system, in seconds.
+func redisCPU(b *testing.B, c redis.UniversalClient) float64 {
+	b.Helper()
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var s float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if k == "used_cpu_user" || k == "used_cpu_sys" {
+			f, _ := strconv.ParseFloat(v, 64)
+			s += f
+		}
+	}
+	return s
+}
+
+// redisRateScript is go-redis/redis_rate v10's allowN script (lua.go), for the cost
+// comparison.
+const redisRateScript = `
+-- this script has side-effects, so it requires replicate commands mode
+redis.replicate_commands()
+
+local rate_limit_key = KEYS[1]
+local burst = ARGV[1]
+local rate = ARGV[2]
+local period = ARGV[3]
+local cost = tonumber(ARGV[4])
+
+local emission_interval = period / rate
+local increment = emission_interval * cost
+local burst_offset = emission_interval * burst
+
+-- redis returns time as an array containing two integers: seconds of the epoch
+-- time (10 digits) and microseconds (6 digits). for convenience we need to
+-- convert them to a floating point number. the resulting number is 16 digits,
+-- bordering on the limits of a 64-bit double-precision floating point number.
+-- adjust the epoch to be relative to Jan 1, 2017 00:00:00 GMT to avoid floating
+-- point problems. this approach is good until "now" is 2,483,228,799 (Wed, 09
+-- Sep 2048 01:46:39 GMT), when the adjusted value is 16 digits.
+local jan_1_2017 = 1483228800
+local now = redis.call("TIME")
+now = (now[1] - jan_1_2017) + (now[2] / 1000000)
+
+local tat = redis.call("GET", rate_limit_key)
+
+if not tat then
+  tat = now
+else
+  tat = tonumber(tat)
+end
+
+tat = math.max(tat, now)
+
+local new_tat = tat + increment
+local allow_at = new_tat - burst_offset
+
+local diff = now - allow_at
+local remaining = diff / emission_interval
+
+if remaining < 0 then
+  local reset_after = tat - now
+  local retry_after = diff * -1
+  return {
+    0, -- allowed
+    0, -- remaining
+    tostring(retry_after),
+    tostring(reset_after),
+  }
+end
+
+local reset_after = new_tat - now
+if reset_after > 0 then
+  redis.call("SET", rate_limit_key, new_tat, "EX", math.ceil(reset_after))
+end
+local retry_after = -1
+return {cost, remaining, tostring(retry_after), tostring(reset_after)}
+`
