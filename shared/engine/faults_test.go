@@ -23,16 +23,23 @@ import (
 // faultPolicy is a one-rule policy with the given failure mode: 10 per minute per key,
 // which local mode divides by 2 instances.
 func faultPolicy(t *testing.T, mode string, breakerFailures int, openFor time.Duration) *policy.Policy {
+	return faultPolicyTimeout(t, mode, breakerFailures, openFor, 2*time.Second)
+}
+
+// faultPolicyTimeout is faultPolicy with a decision timeout: the tests that are not
+// about timeouts use 2s, so a loaded machine cannot turn a slow Redis call into the
+// failure mode.
+func faultPolicyTimeout(t *testing.T, mode string, breakerFailures int, openFor, timeout time.Duration) *policy.Policy {
 	t.Helper()
 	p, err := policy.Parse(fmt.Appendf(nil, `
 domain: test
-failure: {mode: %s, timeout: 200ms, expected_instances: 2, breaker: {failures: %d, open_for: %s}}
+failure: {mode: %s, timeout: %s, expected_instances: 2, breaker: {failures: %d, open_for: %s}}
 rules:
   - name: per-key
     match: {api_key: "*"}
     limits:
       - {algorithm: fixed_window, rate: 10/min}
-`, mode, breakerFailures, openFor))
+`, mode, timeout, breakerFailures, openFor))
 	if err != nil {
 		t.Fatalf("policy: %v", err)
 	}
@@ -54,7 +61,7 @@ func (c *counting) hooks() engine.Hooks {
 	}
 }
 
-// timeout is faultPolicy's decision timeout, and margin how much longer a degraded
+// timeout is the decision timeout of the tests about timeouts, and margin how much longer a degraded
 // decision may take: together they bound a hang, they do not measure speed.
 const (
 	timeout = 200 * time.Millisecond
@@ -72,7 +79,7 @@ func TestRedisKilledFailureModes(t *testing.T) {
 			defer store.Close()
 			var cnt counting
 			const failures, openFor = 3, 700 * time.Millisecond
-			eng, err := engine.New(engine.Config{Policy: faultPolicy(t, mode, failures, openFor), Store: store, Hooks: cnt.hooks()})
+			eng, err := engine.New(engine.Config{Policy: faultPolicyTimeout(t, mode, failures, openFor, timeout), Store: store, Hooks: cnt.hooks()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -200,7 +207,7 @@ func TestLatencyAboveTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	var cnt counting
-	eng, err := engine.New(engine.Config{Policy: faultPolicy(t, "open", 1000, time.Second), Store: store, Hooks: cnt.hooks()})
+	eng, err := engine.New(engine.Config{Policy: faultPolicyTimeout(t, "open", 1000, time.Second, timeout), Store: store, Hooks: cnt.hooks()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,10 @@ if ARGV[4] == '1' and not undo then
   -- One meter without undo, the common request: no bookkeeping for several.
   local algo = A[ARGV[5]]
   if not algo then return redis.error_reply('tollgate: unknown algorithm ' .. tostring(ARGV[5])) end
+  if algo.fast and ARGV[8] == '1' then
+    -- One limit of an algorithm with a flat path: no tables but the reply.
+    return algo.fast(KEYS[1], now, cost, ARGV[6] == '1', 9)
+  end
   local nl = tonumber(ARGV[8])
   local lims = {}
   for j = 1, nl do

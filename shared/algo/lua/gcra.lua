@@ -10,30 +10,45 @@
 local tat_slack = 1
 -- times derived from a TAT are rounded up after taking off its quarter-microsecond grid
 local function ctat(x) return cus(x - 0.25) end
-local function gcra_check(key, now, cost, lims, shape)
-  local n, p, b = lims[1][1], lims[1][2], lims[1][3]
+-- gcra_core decides without tables or closures: allowed (0|1), remaining,
+-- reset_after, retry_after, delay, and the new TAT - now.
+local function gcra_core(key, now, cost, n, p, b, shape)
   local t = p / n
   local rel = 0
   local v = redis.call('GET', key)
   if v then rel = max(0, tonumber(v) - now) end
   local new_rel = rel + cost * t
   local burst = b * t
-  local d = {0, 0, 0, 0, 0}
   if new_rel > burst + tat_slack then
-    d[2] = max(0, floor((burst - rel + tat_slack) / t))
-    if cost > b then d[4] = p else d[4] = ctat(new_rel - burst) end
-    d[3] = ctat(rel)
-    return {d}
+    local retry = p
+    if cost <= b then retry = ctat(new_rel - burst) end
+    return 0, max(0, floor((burst - rel + tat_slack) / t)), ctat(rel), retry, 0, new_rel
   end
-  d[1] = 1
-  d[2] = max(0, floor((burst - new_rel + tat_slack) / t))
-  d[3] = ctat(new_rel)
-  if shape then d[5] = ctat(rel) end
+  local delay = 0
+  if shape then delay = ctat(rel) end
+  return 1, max(0, floor((burst - new_rel + tat_slack) / t)), ctat(new_rel), 0, delay, new_rel
+end
+local function gcra_write(key, now, cost, new_rel)
+  if cost > 0 then redis.call('SET', key, num(now + new_rel), 'PX', ttl(new_rel)) end
+end
+local function gcra_check(key, now, cost, lims, shape)
+  local ok, rem, reset, retry, delay, new_rel = gcra_core(key, now, cost, lims[1][1], lims[1][2], lims[1][3], shape)
+  local d = {ok, rem, reset, retry, delay}
+  if ok == 0 then return {d} end
   return {d}, function()
-    if cost == 0 then return {} end
-    redis.call('SET', key, num(now + new_rel), 'PX', ttl(new_rel))
+    gcra_write(key, now, cost, new_rel)
     return {}
   end, {key}
+end
+-- gcra_fast decides a request of one gcra meter with one limit whose count, period and
+-- capacity are ARGV[base..base+2], charges it when it is admitted, and returns the
+-- whole reply of decide.lua.
+local function gcra_fast(key, now, cost, shadow, base, shape)
+  local ok, rem, reset, retry, delay, new_rel = gcra_core(key, now, cost,
+    tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), shape)
+  local all = ok
+  if ok == 1 then gcra_write(key, now, cost, new_rel) elseif shadow then all = 1 end
+  return {now, all, ok, rem, reset, retry, delay}
 end
 local function gcra_refund(key, now, cost, lims, extra, record, refund_now)
   local v = redis.call('GET', key)
@@ -47,5 +62,6 @@ local function gcra_refund(key, now, cost, lims, extra, record, refund_now)
 end
 A.gcra = {
   check = function(key, now, cost, lims) return gcra_check(key, now, cost, lims, false) end,
+  fast = function(key, now, cost, shadow, base) return gcra_fast(key, now, cost, shadow, base, false) end,
   refund = gcra_refund,
 }

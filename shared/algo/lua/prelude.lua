@@ -12,6 +12,9 @@
 --                per limit; commit (nil when denied) writes the new state and returns
 --                the extra data a refund needs (a list of strings); writes lists the
 --                keys commit may write
+--   fast(key, now, cost, shadow, base), optional: decides and charges a one-meter,
+--     one-limit request with the limit's numbers at ARGV[base..], returning the whole
+--     reply of decide.lua; the same arithmetic as check, without its tables
 --   refund(key, charged_now, cost, lims, extra, record, refund_now) undoes one charge
 --     logically, never giving back more than the charge still weighs: refill that
 --     happened since the charge already made up for part of it
