@@ -254,17 +254,10 @@ func parseAttributes(root jsonv.Value) ([]attribute, error) {
 		if err := knownFields(item, field+".", []string{"name", "from", "header"}); err != nil {
 			return nil, err
 		}
-		name, err := str(item, "name", "", true)
+		name, err := uniqueName(item, field, seen)
 		if err != nil {
-			return nil, prefixed(field, err)
+			return nil, err
 		}
-		if !validName(name) {
-			return nil, &configError{field + ".name", strconv.Quote(name) + " must be 1 to 64 characters of a-z, 0-9, _, - and ."}
-		}
-		if seen[name] {
-			return nil, &configError{field + ".name", strconv.Quote(name) + " is named twice"}
-		}
-		seen[name] = true
 		from, err := enum(item, "from", "", string(fromHeader), string(fromSourceAddress), string(fromPath), string(fromPathWithQuery), string(fromMethod))
 		if err != nil {
 			return nil, prefixed(field, err)
@@ -288,6 +281,23 @@ func parseAttributes(root jsonv.Value) ([]attribute, error) {
 	return attrs, nil
 }
 
+// uniqueName reads the required name of the list item at field, checks its form,
+// and that no earlier item of the list (seen) has it.
+func uniqueName(item jsonv.Value, field string, seen map[string]bool) (string, error) {
+	name, err := str(item, "name", "", true)
+	if err != nil {
+		return "", prefixed(field, err)
+	}
+	if !validName(name) {
+		return "", &configError{field + ".name", strconv.Quote(name) + " must be 1 to 64 characters of a-z, 0-9, _, - and ."}
+	}
+	if seen[name] {
+		return "", &configError{field + ".name", strconv.Quote(name) + " is named twice"}
+	}
+	seen[name] = true
+	return name, nil
+}
+
 func parseLocalLimits(root jsonv.Value, attrs []attribute) ([]localLimit, error) {
 	v, ok := root.Get("local_limits")
 	if !ok {
@@ -306,17 +316,10 @@ func parseLocalLimits(root jsonv.Value, attrs []attribute) ([]localLimit, error)
 		if err := knownFields(item, field+".", []string{"name", "key", "algorithm", "rate", "burst"}); err != nil {
 			return nil, err
 		}
-		name, err := str(item, "name", "", true)
+		name, err := uniqueName(item, field, seen)
 		if err != nil {
-			return nil, prefixed(field, err)
+			return nil, err
 		}
-		if !validName(name) {
-			return nil, &configError{field + ".name", strconv.Quote(name) + " must be 1 to 64 characters of a-z, 0-9, _, - and ."}
-		}
-		if seen[name] {
-			return nil, &configError{field + ".name", strconv.Quote(name) + " is named twice"}
-		}
-		seen[name] = true
 		var key []string
 		if k, ok := item.Get("key"); ok {
 			if key, err = attributeNames(k, field+".key", attrs); err != nil {

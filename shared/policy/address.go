@@ -34,19 +34,32 @@ func ClientAddress(peer, xff string, id Identity) string {
 	if !ok {
 		return algo.Escape(s)
 	}
+	if agg, ok := aggregate(a, id); ok {
+		return agg
+	}
+	return algo.Escape(s)
+}
+
+// aggregate writes an address as the client it stands for: IPv4 (mapped IPv6
+// included) as it is, IPv6 as its prefix of id.IPv6Prefix bits.
+func aggregate(a netip.Addr, id Identity) (string, bool) {
 	a = a.WithZone("").Unmap()
 	if a.Is4() {
-		return a.String()
+		return a.String(), true
 	}
-	bits := id.IPv6Prefix
-	if bits < 1 || bits > 128 {
-		bits = DefaultIPv6Prefix
-	}
-	p, err := a.Prefix(bits)
+	p, err := a.Prefix(prefixBits(id))
 	if err != nil {
-		return algo.Escape(s)
+		return "", false
 	}
-	return p.String()
+	return p.String(), true
+}
+
+// prefixBits is id.IPv6Prefix, or DefaultIPv6Prefix where it is out of 1..128.
+func prefixBits(id Identity) int {
+	if id.IPv6Prefix < 1 || id.IPv6Prefix > 128 {
+		return DefaultIPv6Prefix
+	}
+	return id.IPv6Prefix
 }
 
 // NormalizeAddress returns the remote_address attribute a front door sent, in the form
@@ -62,14 +75,14 @@ func NormalizeAddress(remote, xff string, id Identity) string {
 			s = strings.TrimSpace(e)
 		}
 	}
-	if _, ok := parseAddr(strings.TrimSpace(s)); ok {
-		return ClientAddress(s, "", id)
+	if a, ok := parseAddr(strings.TrimSpace(s)); ok {
+		if agg, ok := aggregate(a, id); ok {
+			return agg
+		}
+		return s
 	}
 	if p, err := netip.ParsePrefix(s); err == nil && p.Addr().Is6() && !p.Addr().Is4In6() {
-		bits := id.IPv6Prefix
-		if bits < 1 || bits > 128 {
-			bits = DefaultIPv6Prefix
-		}
+		bits := prefixBits(id)
 		if p.Bits() > bits {
 			p = netip.PrefixFrom(p.Addr(), bits)
 		}

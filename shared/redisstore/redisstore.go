@@ -212,36 +212,14 @@ func (s *Store) run(ctx context.Context, c algo.Check, undo bool) (algo.Outcome,
 }
 
 func (s *Store) call(ctx context.Context, c algo.Check, undo bool) (algo.Reply, error) {
-	if !undo {
-		// The common case: one EVALSHA whose arguments are mostly precomputed. On
-		// NOSCRIPT (once per script cache flush) or MOVED (the script did not run)
-		// the general path below sends it again.
-		sc := s.scriptFor(c.Meters)
-		cmd := redis.NewCmd(ctx, s.args.command(make([]any, 0, 16), sc.hash, c)...)
-		cmd.SetFirstKeyPos(3)
-		_ = s.client.Process(ctx, cmd)
-		v, err := cmd.Result()
-		if _, moved := redis.IsMovedError(err); !moved && !isNoScript(err) {
-			if err != nil {
-				return algo.Reply{}, fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], err)
-			}
-			rep, err := algo.ParseDecideReply(v, c.Meters)
-			if err != nil {
-				return algo.Reply{}, fmt.Errorf("redisstore: decision script for %q: %w", c.Keys[0], err)
-			}
-			return rep, nil
-		}
-	}
-	args := algo.DecideArgs(c.Meters, c.Cost, c.Now, undo)
-	decide := s.scriptFor(c.Meters).script
-	v, err := decide.Run(ctx, s.client, c.Keys, args...).Result()
+	v, err := s.send(ctx, c, undo)
 	if _, moved := redis.IsMovedError(err); moved {
 		// The slot moved (resharding, failover): the script did not run. Learn the new
 		// map and send it once more; any other error is final, since a script that
 		// timed out may have run, and running it again could charge twice.
 		if cc, ok := s.client.(*redis.ClusterClient); ok {
 			cc.ReloadState(ctx)
-			v, err = decide.Run(ctx, s.client, c.Keys, args...).Result()
+			v, err = s.send(ctx, c, undo)
 		}
 	}
 	if err != nil {
@@ -252,6 +230,24 @@ func (s *Store) call(ctx context.Context, c algo.Check, undo bool) (algo.Reply, 
 		return algo.Reply{}, fmt.Errorf("redisstore: decision script for %q: %w", c.Keys[0], err)
 	}
 	return rep, nil
+}
+
+// send runs the decision script for the algorithms of c once: an EVALSHA with mostly
+// precomputed arguments in the common case (no undo), and an EVAL, which also loads
+// the script, when the server does not know it (NOSCRIPT, once per cache flush).
+func (s *Store) send(ctx context.Context, c algo.Check, undo bool) (any, error) {
+	sc := s.scriptFor(c.Meters)
+	if !undo {
+		cmd := redis.NewCmd(ctx, s.args.command(make([]any, 0, 16), sc.hash, c)...)
+		cmd.SetFirstKeyPos(3)
+		_ = s.client.Process(ctx, cmd)
+		v, err := cmd.Result()
+		if !isNoScript(err) {
+			return v, err
+		}
+		return sc.script.Eval(ctx, s.client, c.Keys, algo.DecideArgs(c.Meters, c.Cost, c.Now, undo)...).Result()
+	}
+	return sc.script.Run(ctx, s.client, c.Keys, algo.DecideArgs(c.Meters, c.Cost, c.Now, undo)...).Result()
 }
 
 // slotGroups returns the indexes of keys grouped by cluster slot, in order of first
