@@ -11,7 +11,7 @@ import (
 var luaFiles embed.FS
 
 // luaOrder is the order in which the script files are concatenated: helpers, the
-// algorithms, then the entry point.
+// algorithms, then the entry point. The decision script starts with fast.lua.
 var luaOrder = []string{"prelude", "fixed_window", "sliding_log", "sliding_window", "token_bucket", "gcra", "leaky_bucket", "bucket_ring"}
 
 func luaSource(entry string) string { return luaSourceFor(AllAlgorithms, entry) }
@@ -58,6 +58,10 @@ func luaSourceFor(set AlgorithmSet, entry string) string {
 		if name == "prelude" || set.has(a) || a == GCRA && set.has(LeakyBucket) {
 			names = append(names, name)
 		}
+	}
+	if entry == "decide" {
+		// The flat path of the common request runs before any function is defined.
+		names = append([]string{"fast"}, names...)
 	}
 	for _, name := range append(names, entry) {
 		b, err := luaFiles.ReadFile("lua/" + name + ".lua")

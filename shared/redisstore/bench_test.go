@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -110,19 +109,6 @@ func BenchmarkDecideParallel(b *testing.B) {
 
 // luaSource concatenates the decision script's files the way package algo does,
 // with only the given algorithms.
-func luaSource(b *testing.B, algs ...string) string {
-	b.Helper()
-	var src []byte
-	for _, name := range append(append([]string{"prelude"}, algs...), "decide") {
-		f, err := os.ReadFile("../algo/lua/" + name + ".lua")
-		if err != nil {
-			b.Fatal(err)
-		}
-		src = append(src, f...)
-		src = append(src, '\n')
-	}
-	return string(src)
-}
 
 // BenchmarkScriptCost measures what one script call costs Redis itself (INFO
 // commandstats usec per call, reported as redis-µs/call): the ceiling, redis_rate's
@@ -134,18 +120,22 @@ func BenchmarkScriptCost(b *testing.B) {
 	s := openStore(b, srv.URL(), false)
 	c := s.Client()
 	ctx := context.Background()
-	gcra := []algo.Meter{{Limits: []algo.Limit{benchLimit(algo.GCRA)}}}
-	args := algo.DecideArgs(gcra, 1, 0, false)
-	for _, tc := range []struct {
+	type script struct {
 		name string
 		src  string
 		args []any
-	}{
+	}
+	cases := []script{
 		{"return1", "return 1", nil},
 		{"redis_rate", redisRateScript, []any{1000000, 1000000, 1.0, 1}},
-		{"tollgate-all-algorithms", algo.DecideScript(), args},
-		{"tollgate-gcra-only", luaSource(b, "gcra"), args},
-	} {
+	}
+	for _, a := range algo.Algorithms {
+		m := []algo.Meter{{Limits: []algo.Limit{benchLimit(a)}}}
+		cases = append(cases, script{"tollgate-" + string(a), algo.DecideScriptFor(algo.SetOf(m)), algo.DecideArgs(m, 1, 0, false)})
+	}
+	gcra := []algo.Meter{{Limits: []algo.Limit{benchLimit(algo.GCRA)}}}
+	cases = append(cases, script{"tollgate-all-algorithms-gcra", algo.DecideScript(), algo.DecideArgs(gcra, 1, 0, false)})
+	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
 			sc := redis.NewScript(tc.src)
 			if err := sc.Load(ctx, c).Err(); err != nil {

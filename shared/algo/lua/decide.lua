@@ -12,24 +12,15 @@
 --   extra...
 -- Every meter is checked (read-only) first; only when no non-shadow meter denies are
 -- the meters that allow charged. A shadow meter that denies is reported, not charged.
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-  ttl_slack = 1000000
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+-- fast.lua, the script's first lines, read now (and slack) and decided the common
+-- request already.
+ttl_slack = slack
 local cost = tonumber(ARGV[2])
 local undo = ARGV[3] == '1'
 if ARGV[4] == '1' and not undo then
   -- One meter without undo, the common request: no bookkeeping for several.
   local algo = A[ARGV[5]]
   if not algo then return redis.error_reply('tollgate: unknown algorithm ' .. tostring(ARGV[5])) end
-  if algo.fast and ARGV[8] == '1' then
-    -- One limit of an algorithm with a flat path: no tables but the reply.
-    return algo.fast(KEYS[1], now, cost, ARGV[6] == '1', 9)
-  end
   local nl = tonumber(ARGV[8])
   local lims = {}
   for j = 1, nl do

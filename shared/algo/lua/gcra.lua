@@ -10,8 +10,8 @@
 local tat_slack = 1
 -- times derived from a TAT are rounded up after taking off its quarter-microsecond grid
 local function ctat(x) return cus(x - 0.25) end
--- gcra_core decides without tables or closures: allowed (0|1), remaining,
--- reset_after, retry_after, delay, and the new TAT - now.
+-- gcra_core decides: allowed (0|1), remaining, reset_after, retry_after, delay, and
+-- the new TAT - now. fast.lua writes the same arithmetic out for the common request.
 local function gcra_core(key, now, cost, n, p, b, shape)
   local t = p / n
   local rel = 0
@@ -40,16 +40,6 @@ local function gcra_check(key, now, cost, lims, shape)
     return {}
   end, {key}
 end
--- gcra_fast decides a request of one gcra meter with one limit whose count, period and
--- capacity are ARGV[base..base+2], charges it when it is admitted, and returns the
--- whole reply of decide.lua.
-local function gcra_fast(key, now, cost, shadow, base, shape)
-  local ok, rem, reset, retry, delay, new_rel = gcra_core(key, now, cost,
-    tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), shape)
-  local all = ok
-  if ok == 1 then gcra_write(key, now, cost, new_rel) elseif shadow then all = 1 end
-  return {now, all, ok, rem, reset, retry, delay}
-end
 local function gcra_refund(key, now, cost, lims, extra, record, refund_now)
   local v = redis.call('GET', key)
   if not v then return end
@@ -62,6 +52,5 @@ local function gcra_refund(key, now, cost, lims, extra, record, refund_now)
 end
 A.gcra = {
   check = function(key, now, cost, lims) return gcra_check(key, now, cost, lims, false) end,
-  fast = function(key, now, cost, shadow, base) return gcra_fast(key, now, cost, shadow, base, false) end,
   refund = gcra_refund,
 }

@@ -6,6 +6,5 @@
 -- TTL: until the queue is empty.
 A.leaky_bucket = {
   check = function(key, now, cost, lims) return gcra_check(key, now, cost, lims, true) end,
-  fast = function(key, now, cost, shadow, base) return gcra_fast(key, now, cost, shadow, base, true) end,
   refund = gcra_refund,
 }

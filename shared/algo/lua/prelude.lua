@@ -1,6 +1,7 @@
 -- tollgate: shared helpers of the decision and refund scripts. The Go package
--- concatenates prelude.lua, one file per algorithm, then decide.lua (or refund.lua)
--- into one script, so every algorithm is decided in the same round trip.
+-- concatenates fast.lua (decision script only), prelude.lua, one file per algorithm,
+-- then decide.lua (or refund.lua) into one script, so every algorithm is decided in
+-- the same round trip.
 --
 -- Numbers: times are Unix microseconds, whole numbers below 2^53, exact in Lua's
 -- doubles. Fractions (tokens, a TAT with a fractional emission interval) are stored
@@ -12,9 +13,6 @@
 --                per limit; commit (nil when denied) writes the new state and returns
 --                the extra data a refund needs (a list of strings); writes lists the
 --                keys commit may write
---   fast(key, now, cost, shadow, base), optional: decides and charges a one-meter,
---     one-limit request with the limit's numbers at ARGV[base..], returning the whole
---     reply of decide.lua; the same arithmetic as check, without its tables
 --   refund(key, charged_now, cost, lims, extra, record, refund_now) undoes one charge
 --     logically, never giving back more than the charge still weighs: refill that
 --     happened since the charge already made up for part of it
@@ -28,7 +26,7 @@ local function num(x)
 end
 
 -- ttl_slack is added to every TTL when the caller passed the time (decide.lua sets
--- it): a caller's clock may run slower than the server's, and a key must not expire
+-- it from fast.lua's slack): a caller's clock may run slower than the server's, and a key must not expire
 -- on the server before the caller's time says it should.
 local ttl_slack = 0
 
