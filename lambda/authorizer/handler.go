@@ -256,7 +256,7 @@ func decisionContext(v engine.Verdict) map[string]any {
 		ctxRateLimitPolicy: "",
 		ctxRule:            v.Rule,
 	}
-	for _, kv := range v.Headers {
+	for _, kv := range v.Headers() {
 		switch kv[0] {
 		case "RateLimit":
 			c[ctxRateLimit] = kv[1]

@@ -147,6 +147,29 @@ type Undo struct {
 	Extra   []string // algorithm-specific data (sliding_log members, bucket_ring bucket)
 }
 
+// decisionSlices returns one empty decision per limit of meters, in one allocation for
+// the common request of one limit and in two otherwise.
+func decisionSlices(meters []Meter) [][]Decision {
+	if len(meters) == 1 && len(meters[0].Limits) == 1 {
+		one := new(struct {
+			outer [1][]Decision
+			d     [1]Decision
+		})
+		one.outer[0] = one.d[:]
+		return one.outer[:]
+	}
+	n := 0
+	for _, m := range meters {
+		n += len(m.Limits)
+	}
+	flat := make([]Decision, n)
+	out := make([][]Decision, len(meters))
+	for i, m := range meters {
+		out[i], flat = flat[:len(m.Limits):len(m.Limits)], flat[len(m.Limits):]
+	}
+	return out
+}
+
 // ParseDecideReply decodes the decision script's reply for meters. Elements must be
 // int64 or string, as go-redis returns them.
 func ParseDecideReply(v any, meters []Meter) (Reply, error) {
@@ -158,9 +181,9 @@ func ParseDecideReply(v any, meters []Meter) (Reply, error) {
 	var rep Reply
 	rep.Now = r.int()
 	rep.Allowed = r.int() == 1
-	rep.Decisions = make([][]Decision, len(meters))
+	rep.Decisions = decisionSlices(meters)
 	for i, m := range meters {
-		ds := make([]Decision, len(m.Limits))
+		ds := rep.Decisions[i]
 		for j, l := range m.Limits {
 			ds[j] = Decision{
 				Allowed:    r.int() == 1,
@@ -172,7 +195,6 @@ func ParseDecideReply(v any, meters []Meter) (Reply, error) {
 				Delay:      time.Duration(r.int()) * time.Microsecond,
 			}
 		}
-		rep.Decisions[i] = ds
 	}
 	for r.err == nil && r.pos < len(arr) {
 		u := Undo{Meter: int(r.int())}

@@ -247,7 +247,7 @@ func (h *handler) check(w http.ResponseWriter, r *http.Request) {
 	case !v.Allowed:
 		status = http.StatusTooManyRequests
 	}
-	for _, kv := range v.Headers {
+	for _, kv := range v.Headers() {
 		w.Header().Set(kv[0], kv[1])
 	}
 	if v.Delay > 0 {

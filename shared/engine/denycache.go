@@ -103,7 +103,6 @@ func (e *Engine) fromDenyCache(m matched, now int64) (Verdict, bool) {
 			Rule:     den.rule,
 			Decision: d,
 			Limits:   []LimitResult{{Rule: den.rule, Algorithm: m.check.Meters[i].Algorithm(), Decision: d}},
-			Headers:  algo.Headers(den.rule, d),
 		}, true
 	}
 	return Verdict{}, false

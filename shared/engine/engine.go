@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -21,9 +23,44 @@ import (
 )
 
 // Store decides the meters of one request together, all-or-nothing.
+//
+// Decide must return by ctx's deadline. The engine passes the policy's timeout as a
+// deadline without a timer: ctx.Done closes when the caller's context ends, not at
+// the deadline, so a store bounds its waits by ctx.Deadline (redisstore sets it as the
+// connection's read and write deadline). Decide must not keep ctx after it returns.
 type Store interface {
 	Decide(ctx context.Context, c algo.Check) (algo.Outcome, error)
 }
+
+// budget is the context a store decision runs in: the caller's context with the
+// policy's timeout as its deadline, without what context.WithTimeout costs on every
+// decision (a timer, a cancellation context and its channel: five allocations).
+// Budgets are pooled; see Store for the contract.
+type budget struct {
+	context.Context
+	deadline time.Time
+}
+
+var budgets = sync.Pool{New: func() any { return new(budget) }}
+
+// newBudget returns a budget of parent that ends at deadline, or at parent's own
+// deadline if that comes first.
+func newBudget(parent context.Context, deadline time.Time) *budget {
+	if d, ok := parent.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	b := budgets.Get().(*budget)
+	b.Context, b.deadline = parent, deadline
+	return b
+}
+
+func releaseBudget(b *budget) {
+	b.Context = nil
+	budgets.Put(b)
+}
+
+// Deadline returns the decision's deadline.
+func (b *budget) Deadline() (time.Time, bool) { return b.deadline, true }
 
 // Request limits on what a caller may send; larger requests are rejected as
 // ErrBadRequest.
@@ -80,8 +117,20 @@ type Verdict struct {
 	Delay time.Duration
 	// Limits holds every matched limit's decision, shadow ones included.
 	Limits []LimitResult
-	// Headers are the response headers for the deciding limit.
-	Headers [][2]string
+}
+
+// Headers returns the response headers for the deciding limit (algo.Headers): none when
+// no limit decided (nothing matched, only shadow limits, or the failure mode
+// admitted), and only Retry-After when the failure mode denied. They are formatted on
+// demand, so that a caller that sends none pays nothing for them.
+func (v Verdict) Headers() [][2]string {
+	switch {
+	case v.Reason == ReasonUnavailable:
+		return [][2]string{{"Retry-After", strconv.FormatInt(algo.RetryAfterSeconds(v.Decision.RetryAfter), 10)}}
+	case v.Rule == "":
+		return nil
+	}
+	return algo.Headers(v.Rule, v.Decision)
 }
 
 // Hooks receive the engine's events for metrics; every field may be nil.
@@ -244,7 +293,8 @@ func (e *Engine) attributes(attrs map[string]string) map[string]string {
 func (e *Engine) match(r Request) matched {
 	var m matched
 	m.check.Cost = r.Cost
-	mts := e.pol.Match(e.attributes(r.Attributes))
+	var buf [2]policy.Match // most requests match one or two rules
+	mts := e.pol.AppendMatch(buf[:0], e.attributes(r.Attributes))
 	if len(mts) == 1 {
 		// Match's slices are the request's own and are never modified.
 		m.check.Keys, m.check.Meters, m.one = mts[0].Keys, mts[0].Meters, mts[0].Rule
@@ -311,10 +361,10 @@ func (e *Engine) decideInStore(ctx context.Context, c algo.Check) (algo.Outcome,
 		return e.local.Decide(ctx, c)
 	}
 	return e.breaker.Execute(func() (algo.Outcome, error) {
-		tctx, cancel := context.WithTimeout(ctx, e.pol.Failure.Timeout)
-		defer cancel()
 		t0 := time.Now()
-		out, err := e.store.Decide(tctx, c)
+		bctx := newBudget(ctx, t0.Add(e.pol.Failure.Timeout))
+		out, err := e.store.Decide(bctx, c)
+		releaseBudget(bctx)
 		if e.hooks.StoreCall != nil {
 			e.hooks.StoreCall(time.Since(t0), err)
 		}
@@ -335,7 +385,6 @@ func (e *Engine) failureMode(ctx context.Context, m matched, now int64, cause er
 	case policy.FailClosed:
 		v := Verdict{Reason: ReasonUnavailable, Degraded: true}
 		v.Decision = algo.Decision{RetryAfter: time.Second}
-		v.Headers = [][2]string{{"Retry-After", "1"}}
 		return v
 	case policy.FailLocal:
 		c := m.check
@@ -395,7 +444,6 @@ func (e *Engine) verdict(m matched, out algo.Outcome) Verdict {
 		v.Reason = ReasonOverLimit
 		v.Delay = 0
 	}
-	v.Headers = algo.Headers(v.Rule, bestD)
 	return v
 }
 

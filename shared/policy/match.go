@@ -77,7 +77,10 @@ func (r *Rule) applies(attrs map[string]string) bool {
 // name, ':' and the escaped values of all its attributes, and the identity is empty.
 //
 // Match returns nil if no rule applies.
-func (p *Policy) Match(attrs map[string]string) []Match {
+func (p *Policy) Match(attrs map[string]string) []Match { return p.AppendMatch(nil, attrs) }
+
+// AppendMatch appends what Match returns to dst and returns the extended slice.
+func (p *Policy) AppendMatch(dst []Match, attrs map[string]string) []Match {
 	n, nkeys, nrec := 0, 0, 0
 	for _, r := range p.Rules {
 		if r.applies(attrs) {
@@ -89,9 +92,9 @@ func (p *Policy) Match(attrs map[string]string) []Match {
 		}
 	}
 	if n == 0 {
-		return nil
+		return dst
 	}
-	out := make([]Match, 0, n)
+	out := slices.Grow(dst, n)
 	keys := make([]string, nkeys)
 	var meters []algo.Meter
 	if nrec > 0 {

@@ -159,11 +159,13 @@ func (b *Batcher) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error
 
 // lone sends one request on its own.
 func (b *Batcher) lone(ctx context.Context, c algo.Check) (algo.Outcome, error) {
-	args := b.args.command(make([]any, 0, 16), b.store.scriptFor(c.Meters).hash, c)
-	cmd := redis.NewCmd(ctx, args...)
+	buf := getArgs()
+	*buf = b.args.command(*buf, b.store.scriptFor(c.Meters).hash, c)
+	cmd := redis.NewCmd(ctx, *buf...)
 	cmd.SetFirstKeyPos(3)
 	_ = b.store.client.Process(ctx, cmd)
 	v, err := cmd.Result()
+	putArgs(buf)
 	if isNoScript(err) {
 		return b.store.run(ctx, c, false)
 	}
@@ -368,8 +370,10 @@ func smallInt(n int64) any {
 // the same arguments as algo.DecideArgs.
 func (a *argCache) command(dst []any, hash any, c algo.Check) []any {
 	dst = append(dst, evalshaArg, hash, len(c.Keys))
-	for _, k := range c.Keys {
-		dst = append(dst, k)
+	for i := range c.Keys {
+		// A *string boxes without allocating; go-redis writes it, and hashes it to a
+		// cluster slot, as the string.
+		dst = append(dst, &c.Keys[i])
 	}
 	now := emptyArg
 	if c.Now != 0 {

@@ -1,10 +1,13 @@
 package redisstore
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -20,8 +23,8 @@ type Config struct {
 	URL string
 	// Cluster forces Redis Cluster mode (REDIS_CLUSTER=true).
 	Cluster bool
-	// Timeout bounds each command's read and write (default 100ms); the decision's
-	// context deadline bounds it too.
+	// Timeout bounds each command's read and write, and the wait for a free pooled
+	// connection (default 100ms); the decision's context deadline bounds them too.
 	Timeout time.Duration
 	// DialTimeout bounds connecting (default 500ms).
 	DialTimeout time.Duration
@@ -70,17 +73,19 @@ func (c Config) Options() (*redis.UniversalOptions, error) {
 		}
 	}
 	o := &redis.UniversalOptions{
-		Addrs:                 addrs,
-		Username:              base.Username,
-		Password:              base.Password,
-		DB:                    base.DB,
-		TLSConfig:             base.TLSConfig,
-		MasterName:            master,
-		IsClusterMode:         cluster,
-		MaxRetries:            -1,
-		DialTimeout:           def(c.DialTimeout, 500*time.Millisecond),
-		ReadTimeout:           def(c.Timeout, 100*time.Millisecond),
-		WriteTimeout:          def(c.Timeout, 100*time.Millisecond),
+		Addrs:         addrs,
+		Username:      base.Username,
+		Password:      base.Password,
+		DB:            base.DB,
+		TLSConfig:     base.TLSConfig,
+		MasterName:    master,
+		IsClusterMode: cluster,
+		MaxRetries:    -1,
+		DialTimeout:   def(c.DialTimeout, 500*time.Millisecond),
+		ReadTimeout:   def(c.Timeout, 100*time.Millisecond),
+		WriteTimeout:  def(c.Timeout, 100*time.Millisecond),
+		// A decision waits for a free connection no longer than for an answer.
+		PoolTimeout:           def(c.Timeout, 100*time.Millisecond),
 		ContextTimeoutEnabled: true,
 		PoolSize:              c.PoolSize,
 		ConnMaxLifetime:       def(c.ConnMaxLifetime, time.Hour),
@@ -98,6 +103,9 @@ func (c Config) Options() (*redis.UniversalOptions, error) {
 	}
 	if c.CredentialsProvider != nil {
 		o.CredentialsProvider = c.CredentialsProvider
+	}
+	if o.TLSConfig == nil {
+		o.Dialer = dialTCP(o.DialTimeout)
 	}
 	if cluster && master != "" {
 		return nil, fmt.Errorf("redisstore: REDIS_URL: cluster=true and master_name are exclusive")
@@ -149,3 +157,38 @@ func def[T comparable](v, d T) T {
 	}
 	return v
 }
+
+// dialTCP dials a plaintext connection as go-redis's default dialer does (TCP
+// keep-alive probes after 30s idle, every 5s, 3 of them). The connection keeps its
+// syscall.RawConn: go-redis checks a pooled connection's health before every command
+// through SyscallConn, which otherwise allocates a new RawConn each time.
+func dialTCP(timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &net.Dialer{
+		Timeout:         timeout,
+		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: 5 * time.Second, Count: 3},
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		sc, ok := c.(syscall.Conn)
+		if !ok {
+			return c, nil
+		}
+		raw, err := sc.SyscallConn()
+		if err != nil {
+			return c, nil
+		}
+		return &rawConn{Conn: c, raw: raw}, nil
+	}
+}
+
+// rawConn is a connection that hands out the same syscall.RawConn every time.
+type rawConn struct {
+	net.Conn
+	raw syscall.RawConn
+}
+
+// SyscallConn returns the connection's RawConn.
+func (c *rawConn) SyscallConn() (syscall.RawConn, error) { return c.raw, nil }

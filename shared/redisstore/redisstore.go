@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -238,16 +239,31 @@ func (s *Store) call(ctx context.Context, c algo.Check, undo bool) (algo.Reply, 
 func (s *Store) send(ctx context.Context, c algo.Check, undo bool) (any, error) {
 	sc := s.scriptFor(c.Meters)
 	if !undo {
-		cmd := redis.NewCmd(ctx, s.args.command(make([]any, 0, 16), sc.hash, c)...)
+		buf := getArgs()
+		*buf = s.args.command(*buf, sc.hash, c)
+		cmd := redis.NewCmd(ctx, *buf...)
 		cmd.SetFirstKeyPos(3)
 		_ = s.client.Process(ctx, cmd)
 		v, err := cmd.Result()
+		putArgs(buf)
 		if !isNoScript(err) {
 			return v, err
 		}
 		return sc.script.Eval(ctx, s.client, c.Keys, algo.DecideArgs(c.Meters, c.Cost, c.Now, undo)...).Result()
 	}
 	return sc.script.Run(ctx, s.client, c.Keys, algo.DecideArgs(c.Meters, c.Cost, c.Now, undo)...).Result()
+}
+
+// argBufs holds the argument slices of EVALSHA commands between decisions.
+var argBufs = sync.Pool{New: func() any { b := make([]any, 0, 32); return &b }}
+
+func getArgs() *[]any { return argBufs.Get().(*[]any) }
+
+// putArgs returns an argument slice whose command has completed.
+func putArgs(b *[]any) {
+	clear(*b)
+	*b = (*b)[:0]
+	argBufs.Put(b)
 }
 
 // slotGroups returns the indexes of keys grouped by cluster slot, in order of first
