@@ -81,6 +81,17 @@ func luaSourceFor(set AlgorithmSet, entry string) string {
 // and reply; DecideArgs and ParseDecideReply encode and decode them.
 func DecideScript() string { return luaSource("decide") }
 
+// DecideManyScript returns the Lua source of the script that decides several
+// independent requests in one call, each as the decision script would. See
+// lua/many.lua for its KEYS, ARGV and reply.
+func DecideManyScript() string {
+	many, err := luaFiles.ReadFile("lua/many.lua")
+	if err != nil {
+		panic("algo: missing embedded script many.lua")
+	}
+	return "local function decide(KEYS, ARGV)\n" + DecideScript() + "end\n-- many.lua\n" + string(many)
+}
+
 // RefundScript returns the Lua source of the refund script, which undoes a charge made
 // by the decision script with undo on. See lua/refund.lua.
 func RefundScript() string { return luaSource("refund") }

@@ -1,10 +1,12 @@
 package decision_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -97,5 +99,54 @@ func BenchmarkLoopback(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkLoopbackRaw is BenchmarkLoopback with a lean HTTP/1.1 client, as a proxy
+// calls the service: one kept-alive connection, the request written and the response
+// read by the calling goroutine, without net/http's transport goroutines.
+func BenchmarkLoopbackRaw(b *testing.B) {
+	srv := redistest.StartServer(b)
+	s, err := redisstore.Open(redisstore.Config{URL: srv.URL(), Timeout: 5 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Preload(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	bt, err := redisstore.NewBatcher(s, redisstore.BatchConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ts := httptest.NewServer(benchHandler(b, bt))
+	defer ts.Close()
+	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	bodies := benchBodies(10000)
+	reqs := make([][]byte, len(bodies))
+	for i, body := range bodies {
+		reqs[i] = fmt.Appendf(nil, "POST /v1/check HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		if _, err := conn.Write(reqs[i%len(reqs)]); err != nil {
+			b.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("POST /v1/check = %s", resp.Status)
+		}
 	}
 }

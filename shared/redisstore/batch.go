@@ -254,6 +254,9 @@ func (b *Batcher) flush(batch []*call) {
 	}
 	if len(batch) == 1 {
 		_ = b.store.client.Process(ctx, batch[0].cmd)
+	} else if !b.store.cluster {
+		b.flushMany(ctx, batch)
+		return
 	} else {
 		pipe := b.store.client.Pipeline()
 		for _, cl := range batch {
@@ -282,6 +285,60 @@ func (b *Batcher) flush(batch []*call) {
 		if !cl.given.Load() {
 			v, err := cmd.Result()
 			cl.out, cl.err = outcome(v, err, cl.check)
+		}
+		cl.done <- struct{}{} // the call belongs to its waiter from here on
+	}
+}
+
+// flushMany sends batch to a standalone Redis as one call of the many-request script
+// and hands every call its outcome.
+func (b *Batcher) flushMany(ctx context.Context, batch []*call) {
+	buf := getArgs()
+	defer putArgs(buf)
+	nkeys := 0
+	for _, cl := range batch {
+		nkeys += len(cl.check.Keys)
+	}
+	args := append(*buf, evalshaArg, b.store.manyHash, nkeys)
+	for _, cl := range batch {
+		for i := range cl.check.Keys {
+			args = append(args, &cl.check.Keys[i])
+		}
+	}
+	args = append(args, smallInt(int64(len(batch))))
+	for _, cl := range batch {
+		at := len(args)
+		args = append(args, smallInt(int64(len(cl.check.Keys))), nil)
+		args = b.args.argv(args, cl.check)
+		args[at+1] = smallInt(int64(len(args) - at - 2))
+	}
+	*buf = args
+	run := func() (any, error) {
+		cmd := redis.NewCmd(ctx, args...)
+		cmd.SetFirstKeyPos(3)
+		_ = b.store.client.Process(ctx, cmd)
+		return cmd.Result()
+	}
+	v, err := run()
+	if isNoScript(err) {
+		// The script did not run: load it and send the call once more.
+		if err = b.store.many.Load(ctx, b.store.client).Err(); err == nil {
+			v, err = run()
+		}
+	}
+	reps, _ := v.([]any)
+	if err == nil && len(reps) != len(batch) {
+		err = fmt.Errorf("many-request reply has %d elements for %d requests", len(reps), len(batch))
+	}
+	for i, cl := range batch {
+		cl.cmd = nil
+		if !cl.given.Load() {
+			if err != nil {
+				cl.out, cl.err = outcome(nil, err, cl.check)
+			} else {
+				rerr, _ := reps[i].(error)
+				cl.out, cl.err = outcome(reps[i], rerr, cl.check)
+			}
 		}
 		cl.done <- struct{}{} // the call belongs to its waiter from here on
 	}
@@ -375,6 +432,11 @@ func (a *argCache) command(dst []any, hash any, c algo.Check) []any {
 		// cluster slot, as the string.
 		dst = append(dst, &c.Keys[i])
 	}
+	return a.argv(dst, c)
+}
+
+// argv appends the decision script's ARGV for c, undo off.
+func (a *argCache) argv(dst []any, c algo.Check) []any {
 	now := emptyArg
 	if c.Now != 0 {
 		now = strconv.FormatInt(c.Now, 10)
@@ -431,3 +493,4 @@ func (a *argCache) add(k meterKey, m algo.Meter) []any {
 	a.m.Store(&next)
 	return args
 }
+

@@ -4,14 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/memstore"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 )
@@ -302,4 +307,75 @@ func TestNewBatcherRejectsBadInput(t *testing.T) {
 	if _, err := b.Decide(ctx, algo.Check{Keys: []string{"k"}, Meters: []algo.Meter{m}, Cost: 1}); err == nil {
 		t.Errorf("Decide() on an unreachable Redis = nil error, want one")
 	}
+}
+
+// TestBatcherManyMatchesModel decides random sequences on 32 keys at once through the
+// batcher, which sends what arrives together as one call of the many-request script,
+// and requires every decision to be the Go model's for that key.
+func TestBatcherManyMatchesModel(t *testing.T) {
+	srv := redistest.StartServer(t)
+	s := openStore(t, srv.URL(), false)
+	b := newBatcher(t, s, redisstore.BatchConfig{MaxWait: 200 * time.Microsecond})
+	ctx := context.Background()
+	srv.Do(t, "CONFIG", "RESETSTAT")
+	base := time.Now().UnixMicro()
+	var wg sync.WaitGroup
+	var decisions atomic.Int64
+	for w := range 32 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 42))
+			a := algo.Algorithms[w%len(algo.Algorithms)]
+			m := randomMeter(r, a)
+			ms := memstore.New(0, nil)
+			key := algo.Key("many:", fmt.Sprint(w), "r", "", 0)
+			now := base
+			for i := range 200 {
+				now += step(r, m.Limits[0].Period)
+				c := algo.Check{Keys: []string{key}, Meters: []algo.Meter{m}, Cost: r.Int64N(3), Now: now}
+				want, err := ms.Decide(ctx, c)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				got, err := b.Decide(ctx, c)
+				if err != nil {
+					t.Errorf("worker %d (%s) step %d: %v", w, a, i, err)
+					return
+				}
+				decisions.Add(1)
+				if got.Allowed != want.Allowed || !sameDecision(got.Decisions[0][0], want.Decisions[0][0]) {
+					t.Errorf("worker %d (%s %v) step %d: batched %+v, model %+v", w, a, m.Limits, i, got.Decisions, want.Decisions)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	calls := commandCalls(t, srv.Client(t), "evalsha")
+	t.Logf("%d decisions in %d EVALSHA calls", decisions.Load(), calls)
+	if calls >= decisions.Load() {
+		t.Errorf("%d decisions took %d EVALSHA calls: nothing was sent together", decisions.Load(), calls)
+	}
+}
+
+// commandCalls returns how many times Redis ran cmd since the last CONFIG RESETSTAT.
+func commandCalls(t *testing.T, c *redis.Client, cmd string) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatalf("INFO commandstats = %v", err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls=")
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+		if err != nil {
+			t.Fatalf("commandstats line %q: %v", line, err)
+		}
+		return n
+	}
+	t.Fatalf("INFO commandstats has no %s", cmd)
+	return 0
 }

@@ -19,12 +19,14 @@ import (
 
 // Store decides meters on Redis. A Store is safe for simultaneous use.
 type Store struct {
-	client  redis.UniversalClient
-	decide  *redis.Script
-	refund  *redis.Script
-	cluster bool
-	args    argCache // precomputed script arguments of the policy's meters
-	hash    any      // the decision script's SHA-1, boxed once
+	client   redis.UniversalClient
+	decide   *redis.Script
+	refund   *redis.Script
+	many     *redis.Script // several requests in one call (the batcher, standalone)
+	manyHash any           // its SHA-1, boxed once
+	cluster  bool
+	args     argCache // precomputed script arguments of the policy's meters
+	hash     any      // the decision script's SHA-1, boxed once
 	// sets holds, per set of algorithms, the decision script with only their Lua.
 	sets [algo.AllAlgorithms + 1]atomic.Pointer[setScript]
 }
@@ -49,10 +51,10 @@ func (s *Store) scriptFor(meters []algo.Meter) *setScript {
 	return sc
 }
 
-// load loads the scripts on one node: the full decision script, the refund script
-// and the decision script of each algorithm alone.
+// load loads the scripts on one node: the full decision script, the refund script,
+// the many-request script and the decision script of each algorithm alone.
 func (s *Store) load(ctx context.Context, c redis.Scripter) error {
-	scripts := []*redis.Script{s.decide, s.refund}
+	scripts := []*redis.Script{s.decide, s.refund, s.many}
 	for _, a := range algo.Algorithms {
 		scripts = append(scripts, s.scriptFor([]algo.Meter{{Limits: []algo.Limit{{Algorithm: a}}}}).script)
 	}
@@ -75,9 +77,11 @@ func New(client redis.UniversalClient) (*Store, error) {
 		client:  client,
 		decide:  redis.NewScript(algo.DecideScript()),
 		refund:  redis.NewScript(algo.RefundScript()),
+		many:    redis.NewScript(algo.DecideManyScript()),
 		cluster: cluster,
 	}
 	s.hash = s.decide.Hash()
+	s.manyHash = s.many.Hash()
 	return s, nil
 }
 
