@@ -29,6 +29,9 @@ type memRow struct {
 	Usage float64 `json:"memory_usage_per_client"`
 }
 
+// floorRow names the memory row of a bare key with a TTL.
+const floorRow = "floor: SET key PX"
+
 // memLimit is the limit of the memory runs: 100 a day, so that no key expires while
 // the run fills Redis (a gcra key lives 864s after one request).
 func memLimit(a algo.Algorithm) string {
@@ -45,17 +48,32 @@ func measureMemory(ctx context.Context, e *env, n int, step func(string)) ([]mem
 		ids[i] = fmt.Sprintf("client-%06d", i)
 		attrs[i] = map[string]string{"api_key": ids[i]}
 	}
-	names := append([]string{"redis_rate"}, algoNames()...)
+	names := append([]string{"redis_rate", floorRow}, algoNames()...)
 	for _, name := range names {
 		step("memory/" + name)
 		var decide func(ctx context.Context, i int) error
-		if name == "redis_rate" {
+		switch name {
+		case floorRow:
+			// The least any one-key-per-client limiter can pay: a SET with a TTL of
+			// a 16-digit integer (a gcra TAT) under tollgate's own key name.
+			eng, err := e.newEngine(batchStore, false, memLimit(algo.GCRA))
+			if err != nil {
+				return nil, err
+			}
+			decide = func(ctx context.Context, i int) error {
+				keys, _, err := eng.Keys("bench", attrs[i])
+				if err != nil || len(keys) != 1 {
+					return fmt.Errorf("keys %v: %v", keys, err)
+				}
+				return e.client.Set(ctx, keys[0], "1732270000123456", 24*time.Hour).Err()
+			}
+		case "redis_rate":
 			lim := redis_rate.NewLimiter(e.client)
 			decide = func(ctx context.Context, i int) error {
 				_, err := lim.Allow(ctx, ids[i], redis_rate.Limit{Rate: 100, Burst: 100, Period: 24 * time.Hour})
 				return err
 			}
-		} else {
+		default:
 			eng, err := e.newEngine(batchStore, false, memLimit(algo.Algorithm(name)))
 			if err != nil {
 				return nil, err
