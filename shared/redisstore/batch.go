@@ -493,4 +493,3 @@ func (a *argCache) add(k meterKey, m algo.Meter) []any {
 	a.m.Store(&next)
 	return args
 }
-
