@@ -47,7 +47,8 @@ func (s AlgorithmSet) has(a Algorithm) bool {
 // DecideScriptFor returns the decision script with the Lua of the algorithms in set
 // only (and of those they build on: leaky_bucket needs gcra's), so that Redis does not
 // define every algorithm's functions on every call. A meter of another algorithm
-// fails with "unknown algorithm". DecideScriptFor(AllAlgorithms) is DecideScript().
+// fails with "unknown algorithm", unless fast.lua's flat path (which every decision
+// script starts with) decides it. DecideScriptFor(AllAlgorithms) is DecideScript().
 func DecideScriptFor(set AlgorithmSet) string { return luaSourceFor(set, "decide") }
 
 func luaSourceFor(set AlgorithmSet, entry string) string {

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -22,45 +21,11 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/policy"
 )
 
-// Store decides the meters of one request together, all-or-nothing.
-//
-// Decide must return by ctx's deadline. The engine passes the policy's timeout as a
-// deadline without a timer: ctx.Done closes when the caller's context ends, not at
-// the deadline, so a store bounds its waits by ctx.Deadline (redisstore sets it as the
-// connection's read and write deadline). Decide must not keep ctx after it returns.
+// Store decides the meters of one request together, all-or-nothing. Decide must
+// return once ctx is done and must not keep ctx after it returns.
 type Store interface {
 	Decide(ctx context.Context, c algo.Check) (algo.Outcome, error)
 }
-
-// budget is the context a store decision runs in: the caller's context with the
-// policy's timeout as its deadline, without what context.WithTimeout costs on every
-// decision (a timer, a cancellation context and its channel: five allocations).
-// Budgets are pooled; see Store for the contract.
-type budget struct {
-	context.Context
-	deadline time.Time
-}
-
-var budgets = sync.Pool{New: func() any { return new(budget) }}
-
-// newBudget returns a budget of parent that ends at deadline, or at parent's own
-// deadline if that comes first.
-func newBudget(parent context.Context, deadline time.Time) *budget {
-	if d, ok := parent.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	b := budgets.Get().(*budget)
-	b.Context, b.deadline = parent, deadline
-	return b
-}
-
-func releaseBudget(b *budget) {
-	b.Context = nil
-	budgets.Put(b)
-}
-
-// Deadline returns the decision's deadline.
-func (b *budget) Deadline() (time.Time, bool) { return b.deadline, true }
 
 // Request limits on what a caller may send; larger requests are rejected as
 // ErrBadRequest.

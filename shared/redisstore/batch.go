@@ -22,24 +22,28 @@ const (
 
 // BatchConfig configures a Batcher. The zero value of each field takes its default.
 type BatchConfig struct {
-	// MaxBatch is the most requests sent in one pipeline (default 64). A queue that
-	// reaches it goes out at once, even while another pipeline is in flight. 1 turns
+	// MaxBatch is the most requests sent in one batch (default 64). A queue that
+	// reaches it goes out at once, even while another batch is in flight. 1 turns
 	// batching off: every request is its own EVALSHA, as with Store.Decide.
 	MaxBatch int
-	// MaxWait bounds how long a queued request waits for the pipeline in flight ahead
-	// of it before its queue goes out in a pipeline of its own (default 50µs). A
+	// MaxWait bounds how long a queued request waits for the round trip in flight
+	// ahead of it before its queue goes out as a batch of its own (default 50µs). A
 	// request that finds nothing in flight never waits.
 	MaxWait time.Duration
 }
 
 // A Batcher decides requests on a Store, sending the requests that arrive while others
-// are in flight to Redis together, as one pipeline (per node of a cluster). A lone
-// request goes out at once; only when a round trip is already under way do arriving
-// requests queue, and the queue goes out when that round trip ends, when it holds
-// MaxBatch requests, or after MaxWait, whichever comes first. Each request stays its
-// own script call, all-or-nothing, with its own reply or error; only the round trip
-// is shared. A request whose keys span several cluster slots bypasses the batcher and
-// takes Store.Decide (with its refunds).
+// are in flight to Redis together. A lone request goes out at once; only when a round
+// trip is already under way do arriving requests queue, and the queue goes out when
+// that round trip ends, when it holds MaxBatch requests, or after MaxWait, whichever
+// comes first. On a standalone Redis a batch is one EVALSHA of the many-request script
+// (algo.DecideManyScript); on a cluster it is one pipeline per node of one EVALSHA per
+// request. Either way each request is decided all-or-nothing on its own, with its own
+// reply or error; only the round trip is shared. A request whose keys span several
+// cluster slots bypasses the batcher and takes Store.Decide (with its refunds).
+//
+// A standalone endpoint that is really a sharding proxy (twemproxy, Envoy's Redis
+// proxy) cannot run one script over several clients' keys: do not batch behind one.
 //
 // Batcher implements the engine's Store interface. It is safe for simultaneous use
 // and starts no goroutine of its own while idle.
@@ -243,10 +247,14 @@ func (b *Batcher) flushLoop(batch []*call) {
 	}
 }
 
-// flush sends batch as one pipeline and hands every call its outcome.
+// flush sends batch (as one call, or one pipeline) and hands every call its outcome.
 func (b *Batcher) flush(batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
+	if len(batch) > 1 && !b.store.cluster {
+		b.flushMany(ctx, batch)
+		return
+	}
 	for _, cl := range batch {
 		cl.args = b.args.command(cl.args[:0], b.store.scriptFor(cl.check.Meters).hash, cl.check)
 		cl.cmd = redis.NewCmd(ctx, cl.args...)
@@ -254,9 +262,6 @@ func (b *Batcher) flush(batch []*call) {
 	}
 	if len(batch) == 1 {
 		_ = b.store.client.Process(ctx, batch[0].cmd)
-	} else if !b.store.cluster {
-		b.flushMany(ctx, batch)
-		return
 	} else {
 		pipe := b.store.client.Pipeline()
 		for _, cl := range batch {
