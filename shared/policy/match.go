@@ -94,7 +94,11 @@ func (p *Policy) AppendMatch(dst []Match, attrs map[string]string) []Match {
 	if n == 0 {
 		return dst
 	}
-	out := slices.Grow(dst, n)
+	out := dst
+	if cap(out)-len(out) < n {
+		out = make([]Match, len(dst), len(dst)+n)
+		copy(out, dst)
+	}
 	keys := make([]string, nkeys)
 	var meters []algo.Meter
 	if nrec > 0 {

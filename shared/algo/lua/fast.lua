@@ -42,7 +42,7 @@ if ARGV[4] == '1' and ARGV[8] == '1' and ARGV[3] ~= '1' and ARGV[7] == '' then
       if cost > 0 then
         local tat = now + new_rel
         if tat == mfloor(tat) then tat = string.format('%d', tat) else tat = string.format('%.17g', tat) end
-        redis.call('SET', key, tat, 'PX', mmax(1, mceil((new_rel + slack) / 1000)))
+        redis.call('SET', key, tat, 'PX', mmax(1, mceil((reset + slack) / 1000)))
       end
     end
   elseif alg == 'fixed_window' then

@@ -29,7 +29,8 @@ local function gcra_core(key, now, cost, n, p, b, shape)
   return 1, max(0, floor((burst - new_rel + tat_slack) / t)), ctat(new_rel), 0, delay, new_rel
 end
 local function gcra_write(key, now, cost, new_rel)
-  if cost > 0 then redis.call('SET', key, num(now + new_rel), 'PX', ttl(new_rel)) end
+  -- the key lives until the reset reported (the TAT on the quarter-microsecond grid)
+  if cost > 0 then redis.call('SET', key, num(now + new_rel), 'PX', ttl(ctat(new_rel))) end
 end
 local function gcra_check(key, now, cost, lims, shape)
   local ok, rem, reset, retry, delay, new_rel = gcra_core(key, now, cost, lims[1][1], lims[1][2], lims[1][3], shape)
