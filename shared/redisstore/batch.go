@@ -52,7 +52,6 @@ type Batcher struct {
 	maxBatch int
 	maxWait  time.Duration
 	args     argCache
-	hash     any // the decision script's SHA-1, boxed once
 	calls    sync.Pool
 
 	mu       sync.Mutex
@@ -85,7 +84,6 @@ func NewBatcher(store *Store, cfg BatchConfig) (*Batcher, error) {
 		store:    store,
 		maxBatch: def(cfg.MaxBatch, DefaultMaxBatch),
 		maxWait:  def(cfg.MaxWait, DefaultMaxWait),
-		hash:     store.decide.Hash(),
 	}
 	b.calls.New = func() any { return &call{done: make(chan struct{}, 1)} }
 	b.timer = time.AfterFunc(time.Hour, b.expire)
@@ -336,7 +334,6 @@ func (b *Batcher) flushMany(ctx context.Context, batch []*call) {
 		err = fmt.Errorf("many-request reply has %d elements for %d requests", len(reps), len(batch))
 	}
 	for i, cl := range batch {
-		cl.cmd = nil
 		if !cl.given.Load() {
 			if err != nil {
 				cl.out, cl.err = outcome(nil, err, cl.check)

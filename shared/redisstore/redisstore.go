@@ -26,7 +26,6 @@ type Store struct {
 	manyHash any           // its SHA-1, boxed once
 	cluster  bool
 	args     argCache // precomputed script arguments of the policy's meters
-	hash     any      // the decision script's SHA-1, boxed once
 	// sets holds, per set of algorithms, the decision script with only their Lua.
 	sets [algo.AllAlgorithms + 1]atomic.Pointer[setScript]
 }
@@ -80,7 +79,6 @@ func New(client redis.UniversalClient) (*Store, error) {
 		many:    redis.NewScript(algo.DecideManyScript()),
 		cluster: cluster,
 	}
-	s.hash = s.decide.Hash()
 	s.manyHash = s.many.Hash()
 	return s, nil
 }
