@@ -266,3 +266,51 @@ func full(m algo.Meter, ds []algo.Decision) bool {
 	}
 	return true
 }
+
+// FuzzParseDecideReply decodes a meter and a reply of integers from the input and
+// checks both reply parsers: no panic, an error for a reply of the wrong length, and
+// the same Reply from the integer parser as from the generic one given the same
+// integers boxed as go-redis boxes them.
+func FuzzParseDecideReply(f *testing.F) {
+	f.Add([]byte{3, 0, 7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
+	f.Add([]byte{1, 0, 2, 200, 1})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := fuzzReader(data)
+		meters := make([]algo.Meter, 1+r.next()%3)
+		for i := range meters {
+			meters[i].Limits = make([]algo.Limit, 1+r.next()%3)
+			for j := range meters[i].Limits {
+				meters[i].Limits[j] = algo.Limit{Algorithm: algo.GCRA, Count: int64(r.next()) + 1, Period: time.Second}
+			}
+		}
+		vals := make([]int64, int(r.next()))
+		for i := range vals {
+			vals[i] = int64(r.next()) - 64
+		}
+		boxed := make([]any, len(vals))
+		for i, v := range vals {
+			boxed[i] = v
+		}
+		fromInts, errInts := algo.ParseDecideInts(vals, meters)
+		fromAny, errAny := algo.ParseDecideReply(boxed, meters)
+		want := 2
+		for _, m := range meters {
+			want += 5 * len(m.Limits)
+		}
+		if len(vals) != want {
+			if errInts == nil {
+				t.Fatalf("ParseDecideInts(%d integers) for %d limits = nil error", len(vals), (want-2)/5)
+			}
+			return
+		}
+		if errInts != nil || errAny != nil {
+			t.Fatalf("parse a reply of the right length: ints %v, generic %v", errInts, errAny)
+		}
+		if !reflect.DeepEqual(fromInts, fromAny) {
+			t.Fatalf("ParseDecideInts = %+v, ParseDecideReply = %+v", fromInts, fromAny)
+		}
+		if fromInts.Now != vals[0] || fromInts.Allowed != (vals[1] == 1) || fromInts.Decisions[0][0].Remaining != vals[3] {
+			t.Fatalf("ParseDecideInts(%v) = %+v: fields out of place", vals, fromInts)
+		}
+	})
+}

@@ -190,24 +190,14 @@ func ParseDecideReply(v any, meters []Meter) (Reply, error) {
 		return Reply{}, fmt.Errorf("algo: decide reply is %T, want an array", v)
 	}
 	r := replyReader{arr: arr}
-	var rep Reply
-	rep.Now = r.int()
-	rep.Allowed = r.int() == 1
-	rep.Decisions = decisionSlices(meters)
-	for i, m := range meters {
-		ds := rep.Decisions[i]
-		for j, l := range m.Limits {
-			ds[j] = Decision{
-				Allowed:    r.int() == 1,
-				Limit:      l.Count,
-				Period:     l.Period,
-				Remaining:  r.int(),
-				ResetAfter: time.Duration(r.int()) * time.Microsecond,
-				RetryAfter: time.Duration(r.int()) * time.Microsecond,
-				Delay:      time.Duration(r.int()) * time.Microsecond,
-			}
-		}
+	head := make([]int64, decideReplyLen(meters))
+	for i := range head {
+		head[i] = r.int()
 	}
+	if r.err != nil {
+		return Reply{}, r.err
+	}
+	rep := decodeDecisions(head, meters)
 	for r.err == nil && r.pos < len(arr) {
 		u := Undo{Meter: int(r.int())}
 		if u.Meter < 0 || u.Meter >= len(meters) {
@@ -236,6 +226,48 @@ func ParseDecideReply(v any, meters []Meter) (Reply, error) {
 		return Reply{}, r.err
 	}
 	return rep, nil
+}
+
+// ParseDecideInts decodes the reply of a decision script called without undo data,
+// read as integers (go-redis's IntSliceCmd): the same reply as ParseDecideReply's
+// without boxing each element.
+func ParseDecideInts(vals []int64, meters []Meter) (Reply, error) {
+	if want := decideReplyLen(meters); len(vals) != want {
+		return Reply{}, fmt.Errorf("algo: decide reply has %d integers for %d limits, want %d", len(vals), (want-2)/5, want)
+	}
+	return decodeDecisions(vals, meters), nil
+}
+
+// decideReplyLen is the length of a decision reply without undo data: the time, the
+// request's outcome, and five integers per limit.
+func decideReplyLen(meters []Meter) int {
+	n := 2
+	for _, m := range meters {
+		n += 5 * len(m.Limits)
+	}
+	return n
+}
+
+// decodeDecisions decodes the first decideReplyLen(meters) integers of a reply.
+func decodeDecisions(vals []int64, meters []Meter) Reply {
+	rep := Reply{Now: vals[0], Allowed: vals[1] == 1, Decisions: decisionSlices(meters)}
+	vals = vals[2:]
+	for i, m := range meters {
+		ds := rep.Decisions[i]
+		for j, l := range m.Limits {
+			ds[j] = Decision{
+				Allowed:    vals[0] == 1,
+				Limit:      l.Count,
+				Period:     l.Period,
+				Remaining:  vals[1],
+				ResetAfter: time.Duration(vals[2]) * time.Microsecond,
+				RetryAfter: time.Duration(vals[3]) * time.Microsecond,
+				Delay:      time.Duration(vals[4]) * time.Microsecond,
+			}
+			vals = vals[5:]
+		}
+	}
+	return rep
 }
 
 // RefundCall returns the refund script's KEYS and ARGV that give back the charges in

@@ -63,9 +63,10 @@ type Batcher struct {
 // call is one queued request.
 type call struct {
 	check    algo.Check
-	deadline time.Time // zero: none
-	args     []any     // the EVALSHA command, reused between calls
-	cmd      *redis.Cmd
+	deadline time.Time          // zero: none
+	args     []any              // the EVALSHA command, reused between calls
+	cmd      *redis.IntSliceCmd // the EVALSHA in a pipeline
+	eval     *redis.Cmd         // the EVAL that replaced it after a NOSCRIPT
 	out      algo.Outcome
 	err      error
 	done     chan struct{} // receives once the outcome is set
@@ -161,17 +162,11 @@ func (b *Batcher) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error
 
 // lone sends one request on its own.
 func (b *Batcher) lone(ctx context.Context, c algo.Check) (algo.Outcome, error) {
-	buf := getArgs()
-	*buf = b.args.command(*buf, b.store.scriptFor(c.Meters).hash, c)
-	cmd := redis.NewCmd(ctx, *buf...)
-	cmd.SetFirstKeyPos(3)
-	_ = b.store.client.Process(ctx, cmd)
-	v, err := cmd.Result()
-	putArgs(buf)
+	vals, err := evalsha(ctx, b.store.client, &b.args, b.store.scriptFor(c.Meters).hash, c)
 	if isNoScript(err) {
 		return b.store.run(ctx, c, false)
 	}
-	return outcome(v, err, c)
+	return outcomeInts(vals, err, c)
 }
 
 // outcome decodes a decision script's reply to c.
@@ -180,6 +175,18 @@ func outcome(v any, err error, c algo.Check) (algo.Outcome, error) {
 		return algo.Outcome{}, fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], err)
 	}
 	rep, err := algo.ParseDecideReply(v, c.Meters)
+	if err != nil {
+		return algo.Outcome{}, fmt.Errorf("redisstore: decision script for %q: %w", c.Keys[0], err)
+	}
+	return algo.Outcome{Allowed: rep.Allowed, Decisions: rep.Decisions, Now: rep.Now}, nil
+}
+
+// outcomeInts decodes a decision script's reply to c, read as integers.
+func outcomeInts(vals []int64, err error, c algo.Check) (algo.Outcome, error) {
+	if err != nil {
+		return algo.Outcome{}, fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], err)
+	}
+	rep, err := algo.ParseDecideInts(vals, c.Meters)
 	if err != nil {
 		return algo.Outcome{}, fmt.Errorf("redisstore: decision script for %q: %w", c.Keys[0], err)
 	}
@@ -255,7 +262,7 @@ func (b *Batcher) flush(batch []*call) {
 	}
 	for _, cl := range batch {
 		cl.args = b.args.command(cl.args[:0], b.store.scriptFor(cl.check.Meters).hash, cl.check)
-		cl.cmd = redis.NewCmd(ctx, cl.args...)
+		cl.cmd = redis.NewIntSliceCmd(ctx, cl.args...)
 		cl.cmd.SetFirstKeyPos(3)
 	}
 	if len(batch) == 1 {
@@ -278,16 +285,21 @@ func (b *Batcher) flush(batch []*call) {
 		// The script cache was flushed (or never loaded): EVAL loads it again.
 		pipe := b.store.client.Pipeline()
 		for _, cl := range missing {
-			cl.cmd = b.store.scriptFor(cl.check.Meters).script.Eval(ctx, pipe, cl.check.Keys, algo.DecideArgs(cl.check.Meters, cl.check.Cost, cl.check.Now, false)...)
+			cl.eval = b.store.scriptFor(cl.check.Meters).script.Eval(ctx, pipe, cl.check.Keys, algo.DecideArgs(cl.check.Meters, cl.check.Cost, cl.check.Now, false)...)
 		}
 		_, _ = pipe.Exec(ctx)
 	}
 	for _, cl := range batch {
-		cmd := cl.cmd
-		cl.cmd = nil
+		cmd, eval := cl.cmd, cl.eval
+		cl.cmd, cl.eval = nil, nil
 		if !cl.given.Load() {
-			v, err := cmd.Result()
-			cl.out, cl.err = outcome(v, err, cl.check)
+			if eval != nil {
+				v, err := eval.Result()
+				cl.out, cl.err = outcome(v, err, cl.check)
+			} else {
+				vals, err := cmd.Result()
+				cl.out, cl.err = outcomeInts(vals, err, cl.check)
+			}
 		}
 		cl.done <- struct{}{} // the call belongs to its waiter from here on
 	}

@@ -215,45 +215,59 @@ func (s *Store) run(ctx context.Context, c algo.Check, undo bool) (algo.Outcome,
 }
 
 func (s *Store) call(ctx context.Context, c algo.Check, undo bool) (algo.Reply, error) {
-	v, err := s.send(ctx, c, undo)
+	rep, err := s.send(ctx, c, undo)
 	if _, moved := redis.IsMovedError(err); moved {
 		// The slot moved (resharding, failover): the script did not run. Learn the new
 		// map and send it once more; any other error is final, since a script that
 		// timed out may have run, and running it again could charge twice.
 		if cc, ok := s.client.(*redis.ClusterClient); ok {
 			cc.ReloadState(ctx)
-			v, err = s.send(ctx, c, undo)
+			rep, err = s.send(ctx, c, undo)
 		}
 	}
 	if err != nil {
 		return algo.Reply{}, fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], err)
 	}
-	rep, err := algo.ParseDecideReply(v, c.Meters)
-	if err != nil {
-		return algo.Reply{}, fmt.Errorf("redisstore: decision script for %q: %w", c.Keys[0], err)
-	}
 	return rep, nil
 }
 
 // send runs the decision script for the algorithms of c once: an EVALSHA with mostly
-// precomputed arguments in the common case (no undo), and an EVAL, which also loads
-// the script, when the server does not know it (NOSCRIPT, once per cache flush).
-func (s *Store) send(ctx context.Context, c algo.Check, undo bool) (any, error) {
+// precomputed arguments, read as integers, in the common case (no undo), and an EVAL,
+// which also loads the script, when the server does not know it (NOSCRIPT, once per
+// cache flush).
+func (s *Store) send(ctx context.Context, c algo.Check, undo bool) (algo.Reply, error) {
 	sc := s.scriptFor(c.Meters)
+	var v any
+	var err error
 	if !undo {
-		buf := getArgs()
-		*buf = s.args.command(*buf, sc.hash, c)
-		cmd := redis.NewCmd(ctx, *buf...)
-		cmd.SetFirstKeyPos(3)
-		_ = s.client.Process(ctx, cmd)
-		v, err := cmd.Result()
-		putArgs(buf)
+		vals, err := evalsha(ctx, s.client, &s.args, sc.hash, c)
 		if !isNoScript(err) {
-			return v, err
+			if err != nil {
+				return algo.Reply{}, err
+			}
+			return algo.ParseDecideInts(vals, c.Meters)
 		}
-		return sc.script.Eval(ctx, s.client, c.Keys, algo.DecideArgs(c.Meters, c.Cost, c.Now, undo)...).Result()
+		v, err = sc.script.Eval(ctx, s.client, c.Keys, algo.DecideArgs(c.Meters, c.Cost, c.Now, undo)...).Result()
+	} else {
+		v, err = sc.script.Run(ctx, s.client, c.Keys, algo.DecideArgs(c.Meters, c.Cost, c.Now, undo)...).Result()
 	}
-	return sc.script.Run(ctx, s.client, c.Keys, algo.DecideArgs(c.Meters, c.Cost, c.Now, undo)...).Result()
+	if err != nil {
+		return algo.Reply{}, err
+	}
+	return algo.ParseDecideReply(v, c.Meters)
+}
+
+// evalsha runs the decision script (hash) for c, without undo data, on client and
+// returns its reply as integers: one allocation for the reply where a generic
+// command boxes every element.
+func evalsha(ctx context.Context, client redis.UniversalClient, ac *argCache, hash any, c algo.Check) ([]int64, error) {
+	buf := getArgs()
+	*buf = ac.command(*buf, hash, c)
+	cmd := redis.NewIntSliceCmd(ctx, *buf...)
+	cmd.SetFirstKeyPos(3)
+	_ = client.Process(ctx, cmd)
+	putArgs(buf)
+	return cmd.Result()
 }
 
 // argBufs holds the argument slices of EVALSHA commands between decisions.
