@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -320,12 +321,37 @@ func (b *Batcher) flushMany(ctx context.Context, batch []*call) {
 			args = append(args, &cl.check.Keys[i])
 		}
 	}
-	args = append(args, smallInt(int64(len(batch))))
-	for _, cl := range batch {
+	// Requests of the same cached meter share one profile: their limits go once.
+	prof := make([]int, len(batch))
+	var shared []*any // the first cached argument of each shared profile, by index
+	args = append(args, smallInt(int64(len(batch))), nil)
+	np := len(args) - 1
+	for i, cl := range batch {
+		sh := b.args.shared(cl.check)
+		if sh != nil {
+			if j := slices.Index(shared, &sh[0]); j >= 0 {
+				prof[i] = j
+				continue
+			}
+		}
+		prof[i] = len(shared)
+		var first *any
+		if sh != nil {
+			first = &sh[0]
+		}
+		shared = append(shared, first)
 		at := len(args)
-		args = append(args, smallInt(int64(len(cl.check.Keys))), nil)
-		args = b.args.argv(args, cl.check)
-		args[at+1] = smallInt(int64(len(args) - at - 2))
+		args = append(args, nil)
+		args = b.args.tail(args, cl.check)
+		args[at] = smallInt(int64(len(args) - at - 1))
+	}
+	args[np] = smallInt(int64(len(shared)))
+	for i, cl := range batch {
+		now := emptyArg
+		if cl.check.Now != 0 {
+			now = strconv.FormatInt(cl.check.Now, 10)
+		}
+		args = append(args, smallInt(int64(len(cl.check.Keys))), smallInt(int64(prof[i]+1)), now, smallInt(cl.check.Cost))
 	}
 	*buf = args
 	run := func() (any, error) {
@@ -455,11 +481,30 @@ func (a *argCache) argv(dst []any, c algo.Check) []any {
 	if c.Now != 0 {
 		now = strconv.FormatInt(c.Now, 10)
 	}
-	dst = append(dst, now, smallInt(c.Cost), zeroArg, smallInt(int64(len(c.Meters))))
+	return a.tail(append(dst, now, smallInt(c.Cost)), c)
+}
+
+// tail appends the decision script's ARGV for c from the third on (undo off, the
+// meters): what does not change from one request of the same meters to the next.
+func (a *argCache) tail(dst []any, c algo.Check) []any {
+	dst = append(dst, zeroArg, smallInt(int64(len(c.Meters))))
 	for _, m := range c.Meters {
 		dst = a.meter(dst, m)
 	}
 	return dst
+}
+
+// shared returns the cached arguments of c's one meter, which every request of that
+// meter shares, or nil when c has several meters, records a value, or its meter is
+// not cached.
+func (a *argCache) shared(c algo.Check) []any {
+	if len(c.Meters) != 1 || len(c.Meters[0].Limits) != 1 || c.Meters[0].Record != "" {
+		return nil
+	}
+	if mp := a.m.Load(); mp != nil {
+		return (*mp)[meterKey{c.Meters[0].Limits[0], c.Meters[0].Shadow}]
+	}
+	return nil
 }
 
 // meter appends the script arguments of m.

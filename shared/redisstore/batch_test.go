@@ -324,8 +324,10 @@ func TestBatcherManyMatchesModel(t *testing.T) {
 	for w := range 32 {
 		wg.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(w), 42))
-			a := algo.Algorithms[w%len(algo.Algorithms)]
-			m := randomMeter(r, a)
+			// Workers in pairs share a meter, so batches carry requests that share
+			// one profile of arguments, and requests that do not.
+			a := algo.Algorithms[w/2%len(algo.Algorithms)]
+			m := randomMeter(rand.New(rand.NewPCG(uint64(w/2), 7)), a)
 			ms := memstore.New(0, nil)
 			key := algo.Key("many:", fmt.Sprint(w), "r", "", 0)
 			now := base
@@ -378,4 +380,42 @@ func commandCalls(t *testing.T, c *redis.Client, cmd string) int64 {
 	}
 	t.Fatalf("INFO commandstats has no %s", cmd)
 	return 0
+}
+
+// TestBatcherServerClockTTL checks that batched requests decided on the server's clock
+// (which many.lua reads once per batch) keep TTLs without the slack of a caller's
+// clock: a key expires when its limit is full again, not a second later.
+func TestBatcherServerClockTTL(t *testing.T) {
+	srv := redistest.StartServer(t)
+	s := openStore(t, srv.URL(), false)
+	b := newBatcher(t, s, redisstore.BatchConfig{MaxWait: 500 * time.Microsecond})
+	srv.Do(t, "CONFIG", "RESETSTAT")
+	m := algo.Meter{Limits: []algo.Limit{{Algorithm: algo.GCRA, Count: 1, Period: time.Minute}}}
+	const n = 48
+	resets := make([]time.Duration, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			c := algo.Check{Keys: []string{algo.Key("ttl:", strconv.Itoa(i), "r", "", 0)}, Meters: []algo.Meter{m}, Cost: 1}
+			out, err := b.Decide(context.Background(), c)
+			if err != nil || !out.Allowed {
+				t.Errorf("request %d: %+v, %v, want allowed", i, out, err)
+				return
+			}
+			resets[i] = out.Decisions[0][0].ResetAfter
+		})
+	}
+	wg.Wait()
+	if calls := commandCalls(t, srv.Client(t), "evalsha"); calls >= n {
+		t.Fatalf("%d requests took %d EVALSHA calls: nothing was batched", n, calls)
+	}
+	for i := range n {
+		pttl, err := srv.Client(t).PTTL(context.Background(), algo.Key("ttl:", strconv.Itoa(i), "r", "", 0)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pttl <= 0 || pttl > resets[i]+time.Millisecond {
+			t.Errorf("request %d: PTTL %v, want at most its reset %v (+1ms rounding)", i, pttl, resets[i])
+		}
+	}
 }

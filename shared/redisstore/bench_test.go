@@ -259,3 +259,45 @@ end
 local retry_after = -1
 return {cost, remaining, tostring(retry_after), tostring(reset_after)}
 `
+
+// BenchmarkManyScriptCost measures what Redis spends per request inside one call of
+// the many-request script (a batch of 64 one-limit requests), against the decision
+// script called once per request (BenchmarkScriptCost): redis-cpu-µs/req.
+func BenchmarkManyScriptCost(b *testing.B) {
+	srv := redistest.StartServer(b)
+	s := openStore(b, srv.URL(), false)
+	c := s.Client()
+	ctx := context.Background()
+	sc := redis.NewScript(algo.DecideManyScript())
+	if err := sc.Load(ctx, c).Err(); err != nil {
+		b.Fatal(err)
+	}
+	const batch = 64
+	for _, a := range []algo.Algorithm{algo.GCRA, algo.FixedWindow, algo.TokenBucket} {
+		b.Run(string(a), func(b *testing.B) {
+			m := []algo.Meter{{Limits: []algo.Limit{benchLimit(a)}}}
+			one := algo.DecideArgs(m, 1, 0, false)
+			keys := benchKeys("many-" + string(a))
+			// one profile (the meter's arguments), then per request: one key, profile
+			// 1, the server's clock, cost 1
+			args := append([]any{batch, 1, len(one) - 2}, one[2:]...)
+			for range batch {
+				args = append(args, 1, 1, "", 1)
+			}
+			cpu0 := redisCPU(b, c)
+			i := 0
+			for b.Loop() {
+				ks := make([]string, batch)
+				for j := range ks {
+					i++
+					ks[j] = keys[i%len(keys)]
+				}
+				if err := sc.EvalSha(ctx, c, ks, args...).Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric((redisCPU(b, c)-cpu0)*1e6/float64(b.N*batch), "redis-cpu-µs/req")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}

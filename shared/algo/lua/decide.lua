@@ -1,7 +1,8 @@
 -- decide: every meter of one request, all-or-nothing, in one round trip.
 -- KEYS[i]: the key of meter i (all in one cluster slot).
--- ARGV: now_us ('' = the server's clock, redis.call('TIME'); a time given here adds
---   one second to every TTL, see prelude.lua), cost, undo (1: reply
+-- ARGV: now_us ('' = the server's clock, redis.call('TIME'); 'S' and a time = the
+--   server's clock as many.lua read it; a time given here adds one second to every
+--   TTL, see prelude.lua), cost, undo (1: reply
 --   with what a refund needs), meter count M, then per meter: algorithm, shadow (0|1),
 --   record ('' = none), limit count L, then L times: count, period_us, capacity,
 --   bucket_us.

@@ -9,13 +9,17 @@
 -- 1000)), num(x) is '%d' for a whole x, else '%.17g'.
 -- ARGV and reply: see decide.lua.
 local now, slack
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-  slack = 1000000
-else
+if ARGV[1] == '' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   slack = 0
+elseif string.byte(ARGV[1]) == 83 then
+  -- 'S' and the server's time, which many.lua read once for a whole batch
+  now = tonumber(string.sub(ARGV[1], 2))
+  slack = 0
+else
+  now = tonumber(ARGV[1])
+  slack = 1000000
 end
 if ARGV[4] == '1' and ARGV[8] == '1' and ARGV[3] ~= '1' and ARGV[7] == '' then
   local alg, key, cost = ARGV[5], KEYS[1], tonumber(ARGV[2])
