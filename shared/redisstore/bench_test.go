@@ -135,6 +135,8 @@ func BenchmarkScriptCost(b *testing.B) {
 	}
 	gcra := []algo.Meter{{Limits: []algo.Limit{benchLimit(algo.GCRA)}}}
 	cases = append(cases, script{"tollgate-all-algorithms-gcra", algo.DecideScript(), algo.DecideArgs(gcra, 1, 0, false)})
+	three := []algo.Meter{gcra[0], gcra[0], gcra[0]}
+	cases = append(cases, script{"tollgate-3-limits-gcra", algo.DecideScript(), algo.DecideArgs(three, 1, 0, false)})
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
 			sc := redis.NewScript(tc.src)
@@ -151,7 +153,12 @@ func BenchmarkScriptCost(b *testing.B) {
 				pipe := c.Pipeline()
 				for range 100 {
 					i++
-					sc.EvalSha(ctx, pipe, keys[i%len(keys):i%len(keys)+1], tc.args...)
+					k := keys[i%len(keys)]
+					ks := []string{k}
+					if strings.Contains(tc.name, "3-limits") {
+						ks = []string{k, k + ":1", k + ":2"}
+					}
+					sc.EvalSha(ctx, pipe, ks, tc.args...)
 				}
 				if _, err := pipe.Exec(ctx); err != nil {
 					b.Fatal(err)

@@ -104,13 +104,23 @@ func TestConformance(t *testing.T) {
 				}
 				ms := memstore.New(0, nil)
 				key := algo.Key("conf:", fmt.Sprintf("%s-%d", a, seq), "r", "", 0)
-				// Odd sequences decide the meter twice, on two keys with the same
-				// history: the script's general path, where even sequences of one
-				// limit take fast.lua's flat path.
+				// A third of the sequences decide the meter alone; a third with a
+				// second meter of the same algorithm, shadow half the time (fast.lua's
+				// flat path decides both where the algorithm has one); a third add a
+				// sliding_log meter that never denies, which fast.lua leaves to
+				// decide.lua's general path.
 				keys, meters := []string{key}, []algo.Meter{m}
-				if seq%2 == 1 {
+				if seq%3 != 0 {
+					m2 := randomMeter(r, a)
+					m2.Shadow = r.IntN(2) == 0
 					keys = append(keys, algo.Key("conf:", fmt.Sprintf("%s-%d", a, seq), "r", "", 1))
-					meters = append(meters, m)
+					meters = append(meters, m2)
+				} else if r.IntN(4) == 0 {
+					meters[0].Shadow = true
+				}
+				if seq%3 == 2 {
+					keys = append(keys, algo.Key("conf:", fmt.Sprintf("%s-%d", a, seq), "r", "", 2))
+					meters = append(meters, algo.Meter{Limits: []algo.Limit{{Algorithm: algo.SlidingLog, Count: algo.MaxLogCount, Period: time.Hour}}})
 				}
 				now := base + r.Int64N(int64(time.Hour/time.Microsecond))
 				for i := range 10 + r.IntN(30) {
