@@ -14,7 +14,7 @@ import (
 var chartSubjects = []string{
 	"ceiling", "redis_rate", "engine/gcra", "engine+args/gcra", "engine+batch/gcra",
 	"engine+batch/fixed_window", "engine+batch/token_bucket", "engine+batch/sliding_window",
-	"redis_rate×3", "engine/3-limits", "engine+batch/3-limits", "http-unbatched/gcra", "http/gcra",
+	"redis_rate×3", "engine/3-limits", "engine+batch/3-limits", "http-unbatched/gcra", "http-nethttp/gcra", "http/gcra",
 }
 
 // writeChart draws decisions per second on the distinct key set, one bar per

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -268,13 +269,18 @@ func subjects() []subject {
 		},
 		subject{
 			Name:  "http/gcra",
-			Desc:  "the decision service over loopback HTTP (`POST /v1/check`, keep-alive), engine on redisstore.Batcher, one gcra limit",
-			setup: func(e *env) (op, func(), error) { return e.httpSubject(batchStore) },
+			Desc:  "the decision service over loopback HTTP (`POST /v1/check`), engine on redisstore.Batcher, one gcra limit; the client is a proxy's: a kept-alive HTTP/1.1 connection per worker, written and read by the worker itself",
+			setup: func(e *env) (op, func(), error) { return e.httpSubject(batchStore, false) },
 		},
 		subject{
 			Name:  "http-unbatched/gcra",
-			Desc:  "the same decision service with the engine on redisstore.Store",
-			setup: func(e *env) (op, func(), error) { return e.httpSubject(plainStore) },
+			Desc:  "the same decision service and client with the engine on redisstore.Store",
+			setup: func(e *env) (op, func(), error) { return e.httpSubject(plainStore, false) },
+		},
+		subject{
+			Name:  "http-nethttp/gcra",
+			Desc:  "http/gcra with Go's net/http client, whose transport hands each request and response between goroutines",
+			setup: func(e *env) (op, func(), error) { return e.httpSubject(batchStore, true) },
 		},
 		subject{
 			Name:    "denied/deny-cache",
@@ -311,8 +317,9 @@ func (e *env) deniedSubject(denyCache bool) (op, func(), error) {
 }
 
 // httpSubject serves the decision service on a loopback port and returns an op that
-// POSTs /v1/check to it.
-func (e *env) httpSubject(k storeKind) (op, func(), error) {
+// POSTs /v1/check to it, with Go's net/http client or (the default) with a proxy's
+// lean client: a kept-alive connection per worker, written and read in the caller.
+func (e *env) httpSubject(k storeKind, netHTTP bool) (op, func(), error) {
 	eng, err := e.newEngine(k, true, limitYAML(algo.GCRA))
 	if err != nil {
 		return nil, nil, err
@@ -323,35 +330,118 @@ func (e *env) httpSubject(k storeKind) (op, func(), error) {
 	}
 	srv := &http.Server{Handler: decision.NewHandler(eng, decision.Options{Logger: e.log}), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(l) }()
-	tr := &http.Transport{MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024, DisableCompression: true, IdleConnTimeout: time.Minute}
-	client := &http.Client{Transport: tr, Timeout: 5 * time.Second}
-	url := "http://" + l.Addr().String() + "/v1/check"
+	addr := l.Addr().String()
 	bodies := make([][]byte, len(e.ids))
 	for i, id := range e.ids {
 		bodies[i] = fmt.Appendf(nil, `{"domain":"bench","attributes":{"api_key":%q},"cost":1}`, id)
 	}
-	o := func(ctx context.Context, i int) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(bodies[i]))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("POST /v1/check: %s", resp.Status)
-		}
-		return nil
-	}
-	closeFn := func() {
+	stop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
-		tr.CloseIdleConnections()
 	}
-	return o, closeFn, nil
+	if netHTTP {
+		tr := &http.Transport{MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024, DisableCompression: true, IdleConnTimeout: time.Minute}
+		client := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+		url := "http://" + addr + "/v1/check"
+		o := func(ctx context.Context, i int) error {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(bodies[i]))
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := client.Do(req)
+			if err != nil {
+				return err
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("POST /v1/check: %s", resp.Status)
+			}
+			return nil
+		}
+		return o, func() { stop(); tr.CloseIdleConnections() }, nil
+	}
+	reqs := make([][]byte, len(bodies))
+	for i, body := range bodies {
+		reqs[i] = fmt.Appendf(nil, "POST /v1/check HTTP/1.1\r\nHost: tollgate\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	}
+	conns := &rawConns{addr: addr, free: make(chan *rawConn, 1024)}
+	o := func(ctx context.Context, i int) error {
+		c, err := conns.get()
+		if err != nil {
+			return err
+		}
+		if err := c.post(reqs[i]); err != nil {
+			c.Close()
+			return err
+		}
+		conns.put(c)
+		return nil
+	}
+	return o, func() { stop(); conns.close() }, nil
+}
+
+// rawConns keeps the lean client's connections between calls.
+type rawConns struct {
+	addr string
+	free chan *rawConn
+}
+
+type rawConn struct {
+	net.Conn
+	br *bufio.Reader
+}
+
+func (p *rawConns) get() (*rawConn, error) {
+	select {
+	case c := <-p.free:
+		return c, nil
+	default:
+	}
+	c, err := net.DialTimeout("tcp", p.addr, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return &rawConn{Conn: c, br: bufio.NewReader(c)}, nil
+}
+
+func (p *rawConns) put(c *rawConn) {
+	select {
+	case p.free <- c:
+	default:
+		c.Close()
+	}
+}
+
+func (p *rawConns) close() {
+	for {
+		select {
+		case c := <-p.free:
+			c.Close()
+		default:
+			return
+		}
+	}
+}
+
+// post writes one request and reads its response, which must be 200 OK.
+func (c *rawConn) post(req []byte) error {
+	if err := c.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		return err
+	}
+	if _, err := c.Write(req); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("POST /v1/check: %s", resp.Status)
+	}
+	return nil
 }
