@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"time"
@@ -60,6 +61,7 @@ type handler struct {
 	eng  *engine.Engine
 	opts Options
 	log  *slog.Logger
+	bufs bufPool // /v1/check's body and answer buffers
 }
 
 // NewHandler returns the decision service's handler on eng.
@@ -138,40 +140,76 @@ func ms(d time.Duration) int64 {
 
 // ParseCheckRequest decodes and checks a /v1/check body. Errors name the field.
 func ParseCheckRequest(body []byte) (engine.Request, *ErrorResponse) {
+	return parseCheckRequest(body, true)
+}
+
+// checkFields are the fields of a /v1/check body as decoded, before they are checked.
+type checkFields struct {
+	domain  string
+	attrs   map[string]string
+	cost    int64
+	hasCost bool // cost was present
+}
+
+// parseCheckRequest is ParseCheckRequest. With scan, a plain well-formed body is
+// decoded by scanCheckRequest; every other body, and every body without scan, by
+// encoding/json (decodeCheckRequest), whose errors the answer reports.
+func parseCheckRequest(body []byte, scan bool) (engine.Request, *ErrorResponse) {
 	if len(body) > MaxBody {
 		return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("body is larger than %d bytes", MaxBody)}
 	}
 	if !utf8.Valid(body) {
 		return engine.Request{}, &ErrorResponse{Error: "body is not valid UTF-8"}
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	var cr CheckRequest
-	if err := dec.Decode(&cr); err != nil {
-		return engine.Request{}, jsonError(err)
+	var cf checkFields
+	ok := false
+	if scan {
+		cf, ok = scanCheckRequest(body)
 	}
-	if dec.More() {
-		return engine.Request{}, &ErrorResponse{Error: "body holds more than one JSON value"}
+	if !ok {
+		var perr *ErrorResponse
+		if cf, perr = decodeCheckRequest(body); perr != nil {
+			return engine.Request{}, perr
+		}
 	}
-	if cr.Domain == "" {
+	if cf.domain == "" {
 		return engine.Request{}, &ErrorResponse{Error: `domain is required, e.g. {"domain": "public-api", "attributes": {...}}`, Field: "domain"}
 	}
-	if len(cr.Attributes) > engine.MaxAttributes {
-		return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("%d attributes; at most %d", len(cr.Attributes), engine.MaxAttributes), Field: "attributes"}
+	if len(cf.attrs) > engine.MaxAttributes {
+		return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("%d attributes; at most %d", len(cf.attrs), engine.MaxAttributes), Field: "attributes"}
 	}
-	for k, v := range cr.Attributes {
+	for k, v := range cf.attrs {
 		if len(v) > engine.MaxValueLength || len(k) > engine.MaxValueLength {
 			return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("value longer than %d bytes", engine.MaxValueLength), Field: "attributes." + truncate(k, 64)}
 		}
 	}
-	r := engine.Request{Domain: cr.Domain, Attributes: cr.Attributes, Cost: 1}
-	if cr.Cost != nil {
-		r.Cost = *cr.Cost
+	r := engine.Request{Domain: cf.domain, Attributes: cf.attrs, Cost: 1}
+	if cf.hasCost {
+		r.Cost = cf.cost
 		if r.Cost < 0 || r.Cost > engine.MaxCost {
 			return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("cost must be from 0 to %d", engine.MaxCost), Field: "cost"}
 		}
 	}
 	return r, nil
+}
+
+// decodeCheckRequest decodes body with encoding/json: one CheckRequest object, no
+// unknown fields, nothing after it.
+func decodeCheckRequest(body []byte) (checkFields, *ErrorResponse) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	var cr CheckRequest
+	if err := dec.Decode(&cr); err != nil {
+		return checkFields{}, jsonError(err)
+	}
+	if dec.More() {
+		return checkFields{}, &ErrorResponse{Error: "body holds more than one JSON value"}
+	}
+	cf := checkFields{domain: cr.Domain, attrs: cr.Attributes}
+	if cr.Cost != nil {
+		cf.cost, cf.hasCost = *cr.Cost, true
+	}
+	return cf, nil
 }
 
 func jsonError(err error) *ErrorResponse {
@@ -216,7 +254,12 @@ func truncate(s string, n int) string {
 }
 
 func (h *handler) check(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	// One pooled buffer holds the body and then the answer: the request's fields are
+	// copied out of the body before the answer overwrites it.
+	buf := h.bufs.get()
+	defer h.bufs.put(buf)
+	body, err := readBody(*buf, r.Body)
+	*buf = body
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: "reading body: " + err.Error()})
 		return
@@ -247,17 +290,86 @@ func (h *handler) check(w http.ResponseWriter, r *http.Request) {
 	case !v.Allowed:
 		status = http.StatusTooManyRequests
 	}
-	for _, kv := range v.Headers() {
-		w.Header().Set(kv[0], kv[1])
-	}
+	delay := ""
 	if v.Delay > 0 {
-		w.Header().Set(DelayHeader, strconv.FormatInt(ms(v.Delay), 10))
+		delay = strconv.FormatInt(ms(v.Delay), 10)
 	}
-	writeJSON(w, status, Response(req.Domain, v))
+	setHeaders(w.Header(), v.Headers(), delay)
+	var limits [4]LimitJSON // most verdicts have a few limits
+	cr := response(req.Domain, v, limits[:0])
+	*buf = append(appendCheckResponse(body[:0], &cr), '\n')
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(*buf)
+}
+
+// readBody appends to b what r reads, up to MaxBody+1 bytes, as
+// io.ReadAll(io.LimitReader(r, MaxBody+1)) returns it.
+func readBody(b []byte, r io.Reader) ([]byte, error) {
+	for len(b) <= MaxBody {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):min(cap(b), MaxBody+1)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+	}
+	return b, nil
+}
+
+// setHeaders sets on h the headers kvs and, unless delay is empty, DelayHeader, as
+// h.Set does for each but with one allocation for all the values.
+func setHeaders(h http.Header, kvs [][2]string, delay string) {
+	n := len(kvs)
+	if delay != "" {
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	vals := make([]string, n)
+	for i, kv := range kvs {
+		vals[i] = kv[1]
+		h[canonicalKey(kv[0])] = vals[i : i+1 : i+1]
+	}
+	if delay != "" {
+		vals[n-1] = delay
+		h[DelayHeader] = vals[n-1 : n : n]
+	}
+}
+
+// canonicalKey returns textproto.CanonicalMIMEHeaderKey(k), without allocating for
+// the names algo.Headers returns.
+func canonicalKey(k string) string {
+	switch k {
+	case "RateLimit-Policy":
+		return "Ratelimit-Policy"
+	case "RateLimit":
+		return "Ratelimit"
+	case "X-RateLimit-Limit":
+		return "X-Ratelimit-Limit"
+	case "X-RateLimit-Remaining":
+		return "X-Ratelimit-Remaining"
+	case "X-RateLimit-Reset":
+		return "X-Ratelimit-Reset"
+	case "Retry-After":
+		return k
+	}
+	return textproto.CanonicalMIMEHeaderKey(k)
 }
 
 // Response builds the JSON body of a verdict.
 func Response(domain string, v engine.Verdict) CheckResponse {
+	return response(domain, v, make([]LimitJSON, 0, len(v.Limits)))
+}
+
+// response is Response with the limits appended to limits, which must not be nil.
+func response(domain string, v engine.Verdict, limits []LimitJSON) CheckResponse {
 	cr := CheckResponse{
 		Allowed:      v.Allowed,
 		Domain:       domain,
@@ -270,7 +382,7 @@ func Response(domain string, v engine.Verdict) CheckResponse {
 		DelayMs:      ms(v.Delay),
 		Degraded:     v.Degraded,
 		Cached:       v.Cached,
-		Limits:       make([]LimitJSON, 0, len(v.Limits)),
+		Limits:       limits,
 	}
 	for _, l := range v.Limits {
 		cr.Limits = append(cr.Limits, LimitJSON{
