@@ -269,7 +269,7 @@ func subjects() []subject {
 		},
 		subject{
 			Name:  "http/gcra",
-			Desc:  "the decision service over loopback HTTP (`POST /v1/check`), engine on redisstore.Batcher, one gcra limit; the client is a proxy's: a kept-alive HTTP/1.1 connection per worker, written and read by the worker itself",
+			Desc:  "the decision service over loopback HTTP (`POST /v1/check`), engine on redisstore.Batcher, one gcra limit; the client is a proxy's: kept-alive HTTP/1.1 connections (one per worker in flight), each request written and its response read by the worker itself",
 			setup: func(e *env) (op, func(), error) { return e.httpSubject(batchStore, false) },
 		},
 		subject{

@@ -272,8 +272,12 @@ func full(m algo.Meter, ds []algo.Decision) bool {
 // the same Reply from the integer parser as from the generic one given the same
 // integers boxed as go-redis boxes them.
 func FuzzParseDecideReply(f *testing.F) {
-	f.Add([]byte{3, 0, 7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
-	f.Add([]byte{1, 0, 2, 200, 1})
+	// one meter of one limit, a reply of the right length (7 integers)
+	f.Add([]byte{0, 0, 7, 7, 65, 65, 69, 64, 64, 64, 7})
+	// two meters of one limit each, the right length (12 integers)
+	f.Add([]byte{1, 0, 2, 0, 9, 12, 70, 65, 64, 100, 0, 0, 64, 65, 70, 66, 67})
+	// a reply one short
+	f.Add([]byte{0, 0, 7, 6, 1, 2, 3, 4, 5, 6})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r := fuzzReader(data)
 		meters := make([]algo.Meter, 1+r.next()%3)

@@ -190,7 +190,13 @@ func ParseDecideReply(v any, meters []Meter) (Reply, error) {
 		return Reply{}, fmt.Errorf("algo: decide reply is %T, want an array", v)
 	}
 	r := replyReader{arr: arr}
-	head := make([]int64, decideReplyLen(meters))
+	var stack [32]int64 // the decisions of up to six limits, without an allocation
+	head := stack[:0]
+	if n := decideReplyLen(meters); n <= len(stack) {
+		head = stack[:n]
+	} else {
+		head = make([]int64, n)
+	}
 	for i := range head {
 		head[i] = r.int()
 	}

@@ -311,48 +311,7 @@ func (b *Batcher) flush(batch []*call) {
 func (b *Batcher) flushMany(ctx context.Context, batch []*call) {
 	buf := getArgs()
 	defer putArgs(buf)
-	nkeys := 0
-	for _, cl := range batch {
-		nkeys += len(cl.check.Keys)
-	}
-	args := append(*buf, evalshaArg, b.store.manyHash, nkeys)
-	for _, cl := range batch {
-		for i := range cl.check.Keys {
-			args = append(args, &cl.check.Keys[i])
-		}
-	}
-	// Requests of the same cached meter share one profile: their limits go once.
-	prof := make([]int, len(batch))
-	var shared []*any // the first cached argument of each shared profile, by index
-	args = append(args, smallInt(int64(len(batch))), nil)
-	np := len(args) - 1
-	for i, cl := range batch {
-		sh := b.args.shared(cl.check)
-		if sh != nil {
-			if j := slices.Index(shared, &sh[0]); j >= 0 {
-				prof[i] = j
-				continue
-			}
-		}
-		prof[i] = len(shared)
-		var first *any
-		if sh != nil {
-			first = &sh[0]
-		}
-		shared = append(shared, first)
-		at := len(args)
-		args = append(args, nil)
-		args = b.args.tail(args, cl.check)
-		args[at] = smallInt(int64(len(args) - at - 1))
-	}
-	args[np] = smallInt(int64(len(shared)))
-	for i, cl := range batch {
-		now := emptyArg
-		if cl.check.Now != 0 {
-			now = strconv.FormatInt(cl.check.Now, 10)
-		}
-		args = append(args, smallInt(int64(len(cl.check.Keys))), smallInt(int64(prof[i]+1)), now, smallInt(cl.check.Cost))
-	}
+	args := b.args.many(*buf, b.store.manyHash, batch)
 	*buf = args
 	run := func() (any, error) {
 		cmd := redis.NewCmd(ctx, args...)
@@ -495,8 +454,8 @@ func (a *argCache) tail(dst []any, c algo.Check) []any {
 }
 
 // shared returns the cached arguments of c's one meter, which every request of that
-// meter shares, or nil when c has several meters, records a value, or its meter is
-// not cached.
+// meter shares, or nil when c has several meters, its meter several limits or a
+// recorded value, or its meter is not cached.
 func (a *argCache) shared(c algo.Check) []any {
 	if len(c.Meters) != 1 || len(c.Meters[0].Limits) != 1 || c.Meters[0].Record != "" {
 		return nil
@@ -551,4 +510,58 @@ func (a *argCache) add(k meterKey, m algo.Meter) []any {
 	next[k] = args
 	a.m.Store(&next)
 	return args
+}
+
+// many appends to dst the EVALSHA of the many-request script (hash) for batch (see
+// lua/many.lua): every request's keys, then one profile per distinct cached meter
+// (and one per request whose meters are not shared), then per request its key count,
+// profile, time and cost.
+func (a *argCache) many(dst []any, hash any, batch []*call) []any {
+	nkeys := 0
+	for _, cl := range batch {
+		nkeys += len(cl.check.Keys)
+	}
+	dst = append(dst, evalshaArg, hash, nkeys)
+	for _, cl := range batch {
+		for i := range cl.check.Keys {
+			dst = append(dst, &cl.check.Keys[i])
+		}
+	}
+	// Requests of the same cached meter share one profile: their limits go once.
+	prof := make([]int, len(batch))
+	var shared []*any // each profile's first cached argument; nil: not shared
+	dst = append(dst, smallInt(int64(len(batch))), nil)
+	np := len(dst) - 1
+	for i, cl := range batch {
+		sh := a.shared(cl.check)
+		if sh != nil {
+			if j := slices.Index(shared, &sh[0]); j >= 0 {
+				prof[i] = j
+				continue
+			}
+		}
+		prof[i] = len(shared)
+		at := len(dst)
+		dst = append(dst, nil)
+		dst = a.tail(dst, cl.check)
+		dst[at] = smallInt(int64(len(dst) - at - 1))
+		if sh == nil {
+			// tail may just have cached the meter: later requests can share it
+			sh = a.shared(cl.check)
+		}
+		var first *any
+		if sh != nil {
+			first = &sh[0]
+		}
+		shared = append(shared, first)
+	}
+	dst[np] = smallInt(int64(len(shared)))
+	for i, cl := range batch {
+		now := emptyArg
+		if cl.check.Now != 0 {
+			now = strconv.FormatInt(cl.check.Now, 10)
+		}
+		dst = append(dst, smallInt(int64(len(cl.check.Keys))), smallInt(int64(prof[i]+1)), now, smallInt(cl.check.Cost))
+	}
+	return dst
 }

@@ -187,6 +187,29 @@ func TestBatcherErrorsStayWithTheirRequest(t *testing.T) {
 	}
 }
 
+// TestReloadKeepsTheScriptError checks that when the script cache was flushed and the
+// EVAL that reloads it fails, the caller gets that failure (here WRONGTYPE: the key
+// holds a list), from the store and from the batcher alike.
+func TestReloadKeepsTheScriptError(t *testing.T) {
+	srv := redistest.StartServer(t)
+	s := openStore(t, srv.URL(), false)
+	m := algo.Meter{Limits: []algo.Limit{dayLimit(algo.GCRA, 100)}}
+	for _, mode := range []struct {
+		name string
+		d    decider
+	}{{"store", s}, {"batcher", newBatcher(t, s, redisstore.BatchConfig{})}} {
+		t.Run(mode.name, func(t *testing.T) {
+			key := "test:{wrongtype}" + mode.name
+			srv.Do(t, "RPUSH", key, "x")
+			srv.Do(t, "SCRIPT", "FLUSH")
+			_, err := mode.d.Decide(context.Background(), algo.Check{Keys: []string{key}, Meters: []algo.Meter{m}, Cost: 1})
+			if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+				t.Errorf("Decide on a list key after SCRIPT FLUSH = %v, want the script's WRONGTYPE error", err)
+			}
+		})
+	}
+}
+
 func TestBatcherReloadsFlushedScript(t *testing.T) {
 	srv := redistest.StartServer(t)
 	s := openStore(t, srv.URL(), false)
@@ -329,11 +352,18 @@ func TestBatcherManyMatchesModel(t *testing.T) {
 			a := algo.Algorithms[w/2%len(algo.Algorithms)]
 			m := randomMeter(rand.New(rand.NewPCG(uint64(w/2), 7)), a)
 			ms := memstore.New(0, nil)
-			key := algo.Key("many:", fmt.Sprint(w), "r", "", 0)
+			keys, meters := []string{algo.Key("many:", fmt.Sprint(w), "r", "", 0)}, []algo.Meter{m}
+			if w%4 == 3 {
+				// every fourth worker adds a second meter of its own, shadow or not:
+				// all-or-nothing and shadow inside a batch
+				m2 := randomMeter(r, a)
+				m2.Shadow = r.IntN(2) == 0
+				keys, meters = append(keys, algo.Key("many:", fmt.Sprint(w), "r", "", 1)), append(meters, m2)
+			}
 			now := base
 			for i := range 200 {
 				now += step(r, m.Limits[0].Period)
-				c := algo.Check{Keys: []string{key}, Meters: []algo.Meter{m}, Cost: r.Int64N(3), Now: now}
+				c := algo.Check{Keys: keys, Meters: meters, Cost: r.Int64N(3), Now: now}
 				want, err := ms.Decide(ctx, c)
 				if err != nil {
 					t.Error(err)
@@ -345,8 +375,14 @@ func TestBatcherManyMatchesModel(t *testing.T) {
 					return
 				}
 				decisions.Add(1)
-				if got.Allowed != want.Allowed || !sameDecision(got.Decisions[0][0], want.Decisions[0][0]) {
-					t.Errorf("worker %d (%s %v) step %d: batched %+v, model %+v", w, a, m.Limits, i, got.Decisions, want.Decisions)
+				same := got.Allowed == want.Allowed && len(got.Decisions) == len(want.Decisions)
+				for mi := 0; same && mi < len(want.Decisions); mi++ {
+					for j := range want.Decisions[mi] {
+						same = same && j < len(got.Decisions[mi]) && sameDecision(got.Decisions[mi][j], want.Decisions[mi][j])
+					}
+				}
+				if !same {
+					t.Errorf("worker %d (%s %+v) step %d: batched %v %+v, model %v %+v", w, a, meters, i, got.Allowed, got.Decisions, want.Allowed, want.Decisions)
 					return
 				}
 			}
@@ -409,8 +445,9 @@ func TestBatcherServerClockTTL(t *testing.T) {
 	if calls := commandCalls(t, srv.Client(t), "evalsha"); calls >= n {
 		t.Fatalf("%d requests took %d EVALSHA calls: nothing was batched", n, calls)
 	}
+	rc := srv.Client(t)
 	for i := range n {
-		pttl, err := srv.Client(t).PTTL(context.Background(), algo.Key("ttl:", strconv.Itoa(i), "r", "", 0)).Result()
+		pttl, err := rc.PTTL(context.Background(), algo.Key("ttl:", strconv.Itoa(i), "r", "", 0)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -121,22 +121,23 @@ func BenchmarkScriptCost(b *testing.B) {
 	c := s.Client()
 	ctx := context.Background()
 	type script struct {
-		name string
-		src  string
-		args []any
+		name  string
+		src   string
+		args  []any
+		nkeys int // keys per call
 	}
 	cases := []script{
-		{"return1", "return 1", nil},
-		{"redis_rate", redisRateScript, []any{1000000, 1000000, 1.0, 1}},
+		{"return1", "return 1", nil, 1},
+		{"redis_rate", redisRateScript, []any{1000000, 1000000, 1.0, 1}, 1},
 	}
 	for _, a := range algo.Algorithms {
 		m := []algo.Meter{{Limits: []algo.Limit{benchLimit(a)}}}
-		cases = append(cases, script{"tollgate-" + string(a), algo.DecideScriptFor(algo.SetOf(m)), algo.DecideArgs(m, 1, 0, false)})
+		cases = append(cases, script{"tollgate-" + string(a), algo.DecideScriptFor(algo.SetOf(m)), algo.DecideArgs(m, 1, 0, false), 1})
 	}
 	gcra := []algo.Meter{{Limits: []algo.Limit{benchLimit(algo.GCRA)}}}
-	cases = append(cases, script{"tollgate-all-algorithms-gcra", algo.DecideScript(), algo.DecideArgs(gcra, 1, 0, false)})
+	cases = append(cases, script{"tollgate-all-algorithms-gcra", algo.DecideScript(), algo.DecideArgs(gcra, 1, 0, false), 1})
 	three := []algo.Meter{gcra[0], gcra[0], gcra[0]}
-	cases = append(cases, script{"tollgate-3-limits-gcra", algo.DecideScript(), algo.DecideArgs(three, 1, 0, false)})
+	cases = append(cases, script{"tollgate-3-limits-gcra", algo.DecideScript(), algo.DecideArgs(three, 1, 0, false), 3})
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
 			sc := redis.NewScript(tc.src)
@@ -155,8 +156,8 @@ func BenchmarkScriptCost(b *testing.B) {
 					i++
 					k := keys[i%len(keys)]
 					ks := []string{k}
-					if strings.Contains(tc.name, "3-limits") {
-						ks = []string{k, k + ":1", k + ":2"}
+					for j := 1; j < tc.nkeys; j++ {
+						ks = append(ks, fmt.Sprintf("%s:%d", k, j))
 					}
 					sc.EvalSha(ctx, pipe, ks, tc.args...)
 				}

@@ -115,7 +115,8 @@ func TestConformance(t *testing.T) {
 					m2.Shadow = r.IntN(2) == 0
 					keys = append(keys, algo.Key("conf:", fmt.Sprintf("%s-%d", a, seq), "r", "", 1))
 					meters = append(meters, m2)
-				} else if r.IntN(4) == 0 {
+				}
+				if r.IntN(4) == 0 {
 					meters[0].Shadow = true
 				}
 				if seq%3 == 2 {
@@ -140,12 +141,12 @@ func TestConformance(t *testing.T) {
 					}
 					decisions++
 					if got.Allowed != want.Allowed {
-						t.Fatalf("seed %d step %d (%v, now %d, cost %d): allowed lua %v, model %v\nlua   %+v\nmodel %+v", seed, i, m.Limits, now, cost, got.Allowed, want.Allowed, got.Decisions, want.Decisions)
+						t.Fatalf("seed %d step %d (%v, now %d, cost %d): allowed lua %v, model %v\nlua   %+v\nmodel %+v", seed, i, meters, now, cost, got.Allowed, want.Allowed, got.Decisions, want.Decisions)
 					}
 					for mi := range want.Decisions {
 						for j := range want.Decisions[mi] {
 							if !sameDecision(got.Decisions[mi][j], want.Decisions[mi][j]) {
-								t.Fatalf("seed %d step %d (%v, now %d, cost %d): meter %d limit %d\nlua   %+v\nmodel %+v", seed, i, m.Limits, now, cost, mi, j, got.Decisions[mi][j], want.Decisions[mi][j])
+								t.Fatalf("seed %d step %d (%v, now %d, cost %d): meter %d limit %d\nlua   %+v\nmodel %+v", seed, i, meters, now, cost, mi, j, got.Decisions[mi][j], want.Decisions[mi][j])
 							}
 						}
 					}

@@ -240,7 +240,8 @@ func (s *Store) send(ctx context.Context, c algo.Check, undo bool) (algo.Reply, 
 	var v any
 	var err error
 	if !undo {
-		vals, err := evalsha(ctx, s.client, &s.args, sc.hash, c)
+		var vals []int64
+		vals, err = evalsha(ctx, s.client, &s.args, sc.hash, c)
 		if !isNoScript(err) {
 			if err != nil {
 				return algo.Reply{}, err

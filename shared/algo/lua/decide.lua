@@ -1,25 +1,28 @@
 -- decide: every meter of one request, all-or-nothing, in one round trip.
 -- KEYS[i]: the key of meter i (all in one cluster slot).
--- ARGV: now_us ('' = the server's clock, redis.call('TIME'); 'S' and a time = the
---   server's clock as many.lua read it; a time given here adds one second to every
---   TTL, see prelude.lua), cost, undo (1: reply
---   with what a refund needs), meter count M, then per meter: algorithm, shadow (0|1),
---   record ('' = none), limit count L, then L times: count, period_us, capacity,
---   bucket_us.
+-- ARGV: now_us, cost, undo (1: reply with what a refund needs), meter count M, then
+--   per meter: algorithm, shadow (0|1), record ('' = none), limit count L, then L
+--   times: count, period_us, capacity, bucket_us.
+--   now_us is '' for the server's clock (redis.call('TIME')), 'S' and a time for the
+--   server's clock as many.lua read it for its batch, or a plain time: the caller's
+--   clock, which adds one second to every TTL (see prelude.lua); '' and 'S' add none.
 -- Reply: {now_us, allowed (0|1), then per meter per limit: allowed, remaining,
 --   reset_after_us, retry_after_us, delay_us}; with undo, then per charged meter:
 --   meter index, key count, then per key: name, dump before ('' = absent),
 --   pexpiretime before (ms, -2 = absent), dump after ('' = absent); extra count,
 --   extra...
+--   Without undo every element is a number (never nil or false): the Go side reads
+--   the reply as integers, and a nil there would leave the rest of the reply unread.
 -- Every meter is checked (read-only) first; only when no non-shadow meter denies are
 -- the meters that allow charged. A shadow meter that denies is reported, not charged.
 -- fast.lua, the script's first lines, read now (and slack) and decided the common
--- request already.
+-- requests (meters of one limit each of its algorithms, nothing recorded, no undo).
 ttl_slack = slack
 local cost = tonumber(ARGV[2])
 local undo = ARGV[3] == '1'
 if ARGV[4] == '1' and not undo then
-  -- One meter without undo, the common request: no bookkeeping for several.
+  -- One meter without undo that fast.lua did not take (several limits, a recorded
+  -- value, another algorithm): no bookkeeping for several.
   local algo = A[ARGV[5]]
   if not algo then return redis.error_reply('tollgate: unknown algorithm ' .. tostring(ARGV[5])) end
   local nl = tonumber(ARGV[8])

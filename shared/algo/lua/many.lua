@@ -8,7 +8,8 @@
 --   N values: decide.lua's ARGV from the third on (undo, meter count, meters), shared
 --   by the requests that name it; then per request: its key count, its profile (from
 --   1), and decide.lua's ARGV[1] (now, '' = the server's clock) and ARGV[2] (cost).
---   Requests of the same meters share one profile, so a batch sends their limits once.
+--   The Go side gives requests of the same cached meter (one limit, nothing recorded)
+--   one profile, so a batch sends those limits once; other requests get their own.
 -- Time: the server's clock is read once for the whole batch (every request in it is
 --   decided at that instant) and handed to decide.lua as 'S' and the time.
 -- Reply: R elements, each decide.lua's reply to that request, or an error reply when
