@@ -79,7 +79,12 @@ func TestRedisKilledFailureModes(t *testing.T) {
 			defer store.Close()
 			var cnt counting
 			const failures, openFor = 3, 700 * time.Millisecond
-			eng, err := engine.New(engine.Config{Policy: faultPolicyTimeout(t, mode, failures, openFor, timeout), Store: store, Hooks: cnt.hooks()})
+			// The local fallback's fixed window (a minute) must not roll over while the
+			// test runs, or it admits a second window's share: its clock starts one
+			// second into a minute.
+			t0, base := time.Now(), time.Now().Truncate(time.Minute).Add(time.Second)
+			clock := func() time.Time { return base.Add(time.Since(t0)) }
+			eng, err := engine.New(engine.Config{Policy: faultPolicyTimeout(t, mode, failures, openFor, timeout), Store: store, Hooks: cnt.hooks(), Clock: clock})
 			if err != nil {
 				t.Fatal(err)
 			}
