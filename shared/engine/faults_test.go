@@ -20,8 +20,9 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 )
 
-// faultPolicy is a one-rule policy with the given failure mode: 10 per minute per key,
-// which local mode divides by 2 instances.
+// faultPolicy is a one-rule policy with the given failure mode: 10 per hour per key
+// in fixed windows (a test does not straddle a window's end unless it runs at the
+// top of an hour), which local mode divides by 2 instances.
 func faultPolicy(t *testing.T, mode string, breakerFailures int, openFor time.Duration) *policy.Policy {
 	return faultPolicyTimeout(t, mode, breakerFailures, openFor, 2*time.Second)
 }
@@ -38,7 +39,7 @@ rules:
   - name: per-key
     match: {api_key: "*"}
     limits:
-      - {algorithm: fixed_window, rate: 10/min}
+      - {algorithm: fixed_window, rate: 10/h}
 `, mode, timeout, breakerFailures, openFor))
 	if err != nil {
 		t.Fatalf("policy: %v", err)
@@ -79,10 +80,10 @@ func TestRedisKilledFailureModes(t *testing.T) {
 			defer store.Close()
 			var cnt counting
 			const failures, openFor = 3, 700 * time.Millisecond
-			// The local fallback's fixed window (a minute) must not roll over while the
-			// test runs, or it admits a second window's share: its clock starts one
-			// second into a minute.
-			t0, base := time.Now(), time.Now().Truncate(time.Minute).Add(time.Second)
+			// The local fallback's fixed window must not roll over while the test runs,
+			// or it admits a second window's share: its clock starts one second into
+			// an hour.
+			t0, base := time.Now(), time.Now().Truncate(time.Hour).Add(time.Second)
 			clock := func() time.Time { return base.Add(time.Since(t0)) }
 			eng, err := engine.New(engine.Config{Policy: faultPolicyTimeout(t, mode, failures, openFor, timeout), Store: store, Hooks: cnt.hooks(), Clock: clock})
 			if err != nil {
@@ -193,7 +194,7 @@ func TestScriptFlushMidRun(t *testing.T) {
 		t.Errorf("store failures with SCRIPT FLUSH mid-run = %d, want 0", got)
 	}
 	if allowed != 10 {
-		t.Errorf("admitted %d of 40 on 10/min, want 10", allowed)
+		t.Errorf("admitted %d of 40 on 10/h, want 10", allowed)
 	}
 }
 
@@ -352,7 +353,7 @@ func TestDenyCacheHonoursCost(t *testing.T) {
 	}
 	// 10 per minute: a cost of 11 can never pass, and must not block a cost of 1.
 	if v := ask("big", 11); v.Allowed {
-		t.Fatalf("cost 11 on 10/min = %+v, want denied", v)
+		t.Fatalf("cost 11 on 10/h = %+v, want denied", v)
 	}
 	if v := ask("big", 1); !v.Allowed || v.Cached {
 		t.Errorf("cost 1 after an impossible cost 11 = %+v, want allowed by the store", v)
