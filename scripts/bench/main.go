@@ -270,7 +270,7 @@ func run(ctx context.Context, cfg config, progressOut io.Writer) (*results, erro
 	}
 	withMemory := only == nil || only.MatchString("memory")
 	if withMemory {
-		total += len(algoNames()) + 1
+		total += len(algoNames()) + 2 // and redis_rate, and the floor row
 	}
 	prog := newProgress(progressOut, total)
 	defer prog.finish()
