@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/tollgate-dev/tollgate/shared/jsonv"
 )
 
 // A value is one attribute of a request: its name and value.
@@ -111,7 +113,7 @@ func checkBody(domain string, attrs []value, cost int64) []byte {
 	}
 	b := make([]byte, 0, n)
 	b = append(b, `{"domain":`...)
-	b = appendJSONString(b, domain)
+	b = jsonv.AppendString(b, domain)
 	b = append(b, `,"attributes":`...)
 	b = appendJSONObject(b, attrs)
 	b = append(b, `,"cost":`...)
@@ -126,62 +128,9 @@ func appendJSONObject(b []byte, attrs []value) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendJSONString(b, a.name)
+		b = jsonv.AppendString(b, a.name)
 		b = append(b, ':')
-		b = appendJSONString(b, a.value)
+		b = jsonv.AppendString(b, a.value)
 	}
 	return append(b, '}')
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendJSONString appends s as a JSON string. Quotes, backslashes and control
-// characters are escaped; invalid UTF-8 becomes U+FFFD; U+2028 and U+2029 are escaped
-// so the output is also valid JavaScript.
-func appendJSONString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
-			i++
-			continue
-		}
-		if c < utf8.RuneSelf {
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/tollgate-dev/tollgate/shared/jsonv"
 )
 
 func TestAppendJSONString(t *testing.T) {
@@ -20,8 +22,8 @@ func TestAppendJSONString(t *testing.T) {
 		{"ls\u2028ps\u2029", `"ls\u2028ps\u2029"`},
 	}
 	for _, tc := range tests {
-		if got := string(appendJSONString(nil, tc.in)); got != tc.want {
-			t.Errorf("appendJSONString(%q) = %s, want %s", tc.in, got, tc.want)
+		if got := string(jsonv.AppendString(nil, tc.in)); got != tc.want {
+			t.Errorf("AppendString(%q) = %s, want %s", tc.in, got, tc.want)
 		}
 	}
 }
@@ -33,13 +35,13 @@ func FuzzAppendJSONString(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		out := appendJSONString(nil, s)
+		out := jsonv.AppendString(nil, s)
 		var back string
 		if err := json.Unmarshal(out, &back); err != nil {
-			t.Fatalf("appendJSONString(%q) = %s: not JSON: %v", s, out, err)
+			t.Fatalf("AppendString(%q) = %s: not JSON: %v", s, out, err)
 		}
 		if want := strings.ToValidUTF8(s, "\ufffd"); back != want && utf8.ValidString(s) {
-			t.Fatalf("appendJSONString(%q) decodes to %q", s, back)
+			t.Fatalf("AppendString(%q) decodes to %q", s, back)
 		}
 	})
 }

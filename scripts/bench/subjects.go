@@ -354,12 +354,7 @@ func (e *env) httpSubject(k storeKind, netHTTP bool) (op, func(), error) {
 			if err != nil {
 				return err
 			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("POST /v1/check: %s", resp.Status)
-			}
-			return nil
+			return drainOK(resp)
 		}
 		return o, func() { stop(); tr.CloseIdleConnections() }, nil
 	}
@@ -438,6 +433,12 @@ func (c *rawConn) post(req []byte) error {
 	if err != nil {
 		return err
 	}
+	return drainOK(resp)
+}
+
+// drainOK reads and closes resp's body, so the connection can carry the next
+// request, and fails unless the answer was 200 OK.
+func drainOK(resp *http.Response) error {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -3,7 +3,8 @@ package decision
 import (
 	"strconv"
 	"sync"
-	"unicode/utf8"
+
+	"github.com/tollgate-dev/tollgate/shared/jsonv"
 )
 
 // bufPool holds the buffers that /v1/check reads a request body into and then
@@ -41,14 +42,14 @@ func appendCheckResponse(b []byte, cr *CheckResponse) []byte {
 	b = append(b, `{"allowed":`...)
 	b = strconv.AppendBool(b, cr.Allowed)
 	b = append(b, `,"domain":`...)
-	b = appendString(b, cr.Domain)
+	b = jsonv.AppendString(b, cr.Domain)
 	if cr.Rule != "" {
 		b = append(b, `,"rule":`...)
-		b = appendString(b, cr.Rule)
+		b = jsonv.AppendString(b, cr.Rule)
 	}
 	if cr.Reason != "" {
 		b = append(b, `,"reason":`...)
-		b = appendString(b, cr.Reason)
+		b = jsonv.AppendString(b, cr.Reason)
 	}
 	b = append(b, `,"limit":`...)
 	b = strconv.AppendInt(b, cr.Limit, 10)
@@ -84,9 +85,9 @@ func appendCheckResponse(b []byte, cr *CheckResponse) []byte {
 // appendLimit appends the JSON encoding of l to b, as json.Marshal(l) returns it.
 func appendLimit(b []byte, l *LimitJSON) []byte {
 	b = append(b, `{"rule":`...)
-	b = appendString(b, l.Rule)
+	b = jsonv.AppendString(b, l.Rule)
 	b = append(b, `,"algorithm":`...)
-	b = appendString(b, l.Algorithm)
+	b = jsonv.AppendString(b, l.Algorithm)
 	b = append(b, `,"allowed":`...)
 	b = strconv.AppendBool(b, l.Allowed)
 	b = append(b, `,"shadow":`...)
@@ -104,60 +105,4 @@ func appendLimit(b []byte, l *LimitJSON) []byte {
 	b = append(b, `,"delay_ms":`...)
 	b = strconv.AppendInt(b, l.DelayMs, 10)
 	return append(b, '}')
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendString appends s to b as a JSON string the way encoding/json encodes one:
-// '"' and '\\' escaped with a backslash, \b \f \n \r \t by name, other control
-// characters and the HTML-sensitive <, > and & as \u00XX, U+2028 and U+2029 as
-// \u2028 and \u2029, and each byte of invalid UTF-8 as \ufffd.
-func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\b':
-				b = append(b, '\\', 'b')
-			case '\f':
-				b = append(b, '\\', 'f')
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-		case r == '\u2028' || r == '\u2029':
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-		default:
-			i += size
-			continue
-		}
-		i += size
-		start = i
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }

@@ -72,33 +72,6 @@ func checkAppend(t *testing.T, cr CheckResponse) {
 	}
 }
 
-func TestAppendStringMatchesEncodingJSON(t *testing.T) {
-	t.Parallel()
-	var all strings.Builder
-	for _, s := range hostile {
-		all.WriteString(s)
-		want, err := json.Marshal(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := appendString(nil, s); string(got) != string(want) {
-			t.Errorf("appendString(%q) = %s, want %s", s, got, want)
-		}
-	}
-	for c := range 256 { // every byte alone
-		s := string([]byte{byte(c)})
-		want, _ := json.Marshal(s)
-		if got := appendString(nil, s); string(got) != string(want) {
-			t.Errorf("appendString(%q) = %s, want %s", s, got, want)
-		}
-	}
-	s := all.String()
-	want, _ := json.Marshal(s)
-	if got := appendString(nil, s); string(got) != string(want) {
-		t.Errorf("appendString(%q) = %s, want %s", s, got, want)
-	}
-}
-
 func TestAppendCheckResponseMatchesEncodingJSON(t *testing.T) {
 	t.Parallel()
 	checkAppend(t, CheckResponse{})
