@@ -113,7 +113,7 @@ func checkBody(domain string, attrs []value, cost int64) []byte {
 	}
 	b := make([]byte, 0, n)
 	b = append(b, `{"domain":`...)
-	b = jsonv.AppendString(b, domain)
+	b = jsonv.AppendString(b, domain, false)
 	b = append(b, `,"attributes":`...)
 	b = appendJSONObject(b, attrs)
 	b = append(b, `,"cost":`...)
@@ -128,9 +128,9 @@ func appendJSONObject(b []byte, attrs []value) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = jsonv.AppendString(b, a.name)
+		b = jsonv.AppendString(b, a.name, false)
 		b = append(b, ':')
-		b = jsonv.AppendString(b, a.value)
+		b = jsonv.AppendString(b, a.value, false)
 	}
 	return append(b, '}')
 }

@@ -55,7 +55,7 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 	attrs, tooLong := buildAttributes(p.cfg, info)
 	if tooLong != "" {
 		p.metrics.rejected.Increment(1)
-		body := append([]byte(`{"error":"attribute too long","field":`), jsonv.AppendString(nil, tooLong)...)
+		body := append([]byte(`{"error":"attribute too long","field":`), jsonv.AppendString(nil, tooLong, true)...)
 		return h.reply(400, nil, append(body, '}'))
 	}
 	h.attrs = attrs
@@ -340,12 +340,12 @@ func deniedBody(domain, rule string, retry time.Duration) []byte {
 // without "rule" when rule is empty.
 func refusalBody(message, domain, rule string, retry time.Duration) []byte {
 	b := append([]byte(nil), `{"allowed":false,"error":`...)
-	b = jsonv.AppendString(b, message)
+	b = jsonv.AppendString(b, message, true)
 	b = append(b, `,"domain":`...)
-	b = jsonv.AppendString(b, domain)
+	b = jsonv.AppendString(b, domain, true)
 	if rule != "" {
 		b = append(b, `,"rule":`...)
-		b = jsonv.AppendString(b, rule)
+		b = jsonv.AppendString(b, rule, true)
 	}
 	b = append(b, `,"retry_after_ms":`...)
 	b = strconv.AppendInt(b, max(0, retry.Milliseconds()), 10)

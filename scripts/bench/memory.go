@@ -54,7 +54,7 @@ func measureMemory(ctx context.Context, e *env, n int, step func(string)) ([]mem
 		var decide func(ctx context.Context, i int) error
 		switch name {
 		case floorRow:
-			// The least any one-key-per-client limiter can pay: a SET with a TTL of
+			// The least a limiter keeping one timestamp per client can pay: a SET with a TTL of
 			// a 16-digit integer (a gcra TAT) under tollgate's own key name.
 			eng, err := e.newEngine(batchStore, false, memLimit(algo.GCRA))
 			if err != nil {

@@ -1,6 +1,7 @@
 package algo_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"reflect"
@@ -276,6 +277,8 @@ func FuzzParseDecideReply(f *testing.F) {
 	f.Add([]byte{0, 0, 7, 7, 65, 65, 69, 64, 64, 64, 7})
 	// two meters of one limit each, the right length (12 integers)
 	f.Add([]byte{1, 0, 2, 0, 9, 12, 70, 65, 64, 100, 0, 0, 64, 65, 70, 66, 67})
+	// three meters of three limits each, the right length (47 integers)
+	f.Add(append([]byte{2, 2, 9, 9, 9, 2, 9, 9, 9, 2, 9, 9, 9, 47}, bytes.Repeat([]byte{65}, 47)...))
 	// a reply one short
 	f.Add([]byte{0, 0, 7, 6, 1, 2, 3, 4, 5, 6})
 	f.Fuzz(func(t *testing.T, data []byte) {

@@ -191,7 +191,7 @@ func ParseDecideReply(v any, meters []Meter) (Reply, error) {
 	}
 	r := replyReader{arr: arr}
 	var stack [32]int64 // the decisions of up to six limits, without an allocation
-	head := stack[:0]
+	var head []int64
 	if n := decideReplyLen(meters); n <= len(stack) {
 		head = stack[:n]
 	} else {

@@ -37,19 +37,19 @@ func (bp *bufPool) put(b *[]byte) {
 // appendCheckResponse appends the JSON encoding of cr to b, byte for byte what
 // json.Marshal(cr) returns: the fields in declaration order, "rule", "reason" and
 // "cached" omitted when empty, null for nil limits, and strings escaped as
-// appendString escapes them.
+// jsonv.AppendString escapes them with escapeHTML.
 func appendCheckResponse(b []byte, cr *CheckResponse) []byte {
 	b = append(b, `{"allowed":`...)
 	b = strconv.AppendBool(b, cr.Allowed)
 	b = append(b, `,"domain":`...)
-	b = jsonv.AppendString(b, cr.Domain)
+	b = jsonv.AppendString(b, cr.Domain, true)
 	if cr.Rule != "" {
 		b = append(b, `,"rule":`...)
-		b = jsonv.AppendString(b, cr.Rule)
+		b = jsonv.AppendString(b, cr.Rule, true)
 	}
 	if cr.Reason != "" {
 		b = append(b, `,"reason":`...)
-		b = jsonv.AppendString(b, cr.Reason)
+		b = jsonv.AppendString(b, cr.Reason, true)
 	}
 	b = append(b, `,"limit":`...)
 	b = strconv.AppendInt(b, cr.Limit, 10)
@@ -85,9 +85,9 @@ func appendCheckResponse(b []byte, cr *CheckResponse) []byte {
 // appendLimit appends the JSON encoding of l to b, as json.Marshal(l) returns it.
 func appendLimit(b []byte, l *LimitJSON) []byte {
 	b = append(b, `{"rule":`...)
-	b = jsonv.AppendString(b, l.Rule)
+	b = jsonv.AppendString(b, l.Rule, true)
 	b = append(b, `,"algorithm":`...)
-	b = jsonv.AppendString(b, l.Algorithm)
+	b = jsonv.AppendString(b, l.Algorithm, true)
 	b = append(b, `,"allowed":`...)
 	b = strconv.AppendBool(b, l.Allowed)
 	b = append(b, `,"shadow":`...)

@@ -40,6 +40,7 @@ var parseBodies = []struct {
 }{
 	{`{"domain":"test","attributes":{"api_key":"k1","path":"/gcra"},"cost":1}`, true},
 	{`{"domain":"test","attributes":{"api_key":"{x}:y","path":"/both"}}`, true},
+	{`{"domain":"test","attributes":{"path_with_query":"/search?q=a&page=2"}}`, true},
 	{` { "cost" : 0 , "attributes" : { } , "domain" : "test" } ` + "\n\t\r", true},
 	{`{"domain":"test","attributes":{"a":"1","a":"2"}}`, true},
 	{`{"domain":"test","attributes":{"":""},"cost":-42}`, true},

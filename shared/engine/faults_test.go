@@ -351,7 +351,7 @@ func TestDenyCacheHonoursCost(t *testing.T) {
 		}
 		return v
 	}
-	// 10 per minute: a cost of 11 can never pass, and must not block a cost of 1.
+	// 10 per hour: a cost of 11 can never pass, and must not block a cost of 1.
 	if v := ask("big", 11); v.Allowed {
 		t.Fatalf("cost 11 on 10/h = %+v, want denied", v)
 	}

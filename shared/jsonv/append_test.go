@@ -1,6 +1,7 @@
 package jsonv
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -15,19 +16,31 @@ var escapable = []string{
 	"\xe2\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xc0\xaf", "\x80",
 }
 
-// checkAppendString fails t unless AppendString writes what json.Marshal writes for s.
+// checkAppendString fails t unless AppendString writes what encoding/json writes for
+// s: json.Marshal with escapeHTML, an Encoder with SetEscapeHTML(false) without.
 func checkAppendString(t *testing.T, s string) {
 	t.Helper()
 	want, err := json.Marshal(s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := AppendString([]byte("x"), s); string(got) != "x"+string(want) {
+	if got := AppendString([]byte("x"), s, true); string(got) != "x"+string(want) {
+		t.Errorf("AppendString(%q, escapeHTML) = %s, want x and %s", s, got, want)
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(s); err != nil {
+		t.Fatal(err)
+	}
+	want = bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	if got := AppendString([]byte("x"), s, false); string(got) != "x"+string(want) {
 		t.Errorf("AppendString(%q) = %s, want x and %s", s, got, want)
 	}
 }
 
 func TestAppendStringMatchesEncodingJSON(t *testing.T) {
+	t.Parallel()
 	var all strings.Builder
 	for _, s := range escapable {
 		all.WriteString(s)

@@ -1,5 +1,6 @@
 // Package jsonv reads JSON documents into a small tree without reflection, for TinyGo
-// code such as the Envoy filter.
+// code such as the Envoy filter, and writes JSON strings (AppendString) as
+// encoding/json does, for the filter and the decision service.
 //
 // Parse is strict RFC 8259: one value with only whitespace around it, numbers as the
 // grammar spells them, and strings of valid UTF-8 without control characters. It is
@@ -582,17 +583,19 @@ func hex(r rune) string {
 
 const hexDigits = "0123456789abcdef"
 
-// AppendString appends s to b as a JSON string, the bytes encoding/json writes for it:
-// '"' and '\\' escaped with a backslash, \b \f \n \r \t by name, other control
-// characters and the HTML-sensitive <, > and & as \u00XX, U+2028 and U+2029 as
-// \u2028 and \u2029, and each byte of invalid UTF-8 as \ufffd.
-func AppendString(b []byte, s string) []byte {
+// AppendString appends s to b as a JSON string, the bytes encoding/json writes for it
+// (json.Marshal with escapeHTML, an Encoder with SetEscapeHTML(false) without): '"'
+// and '\\' escaped with a backslash, \b \f \n \r \t by name, other control
+// characters as \u00XX, with escapeHTML also <, > and &, U+2028 and U+2029 as
+// \u2028 and \u2029, and each byte of invalid UTF-8 as \ufffd (where Parse rejects
+// invalid UTF-8, AppendString replaces it).
+func AppendString(b []byte, s string, escapeHTML bool) []byte {
 	b = append(b, '"')
 	start := 0
 	for i := 0; i < len(s); {
 		c := s[i]
 		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+			if c >= 0x20 && c != '"' && c != '\\' && (!escapeHTML || c != '<' && c != '>' && c != '&') {
 				i++
 				continue
 			}
