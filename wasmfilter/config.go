@@ -17,18 +17,24 @@ const (
 	defaultTimeout           = 100 * time.Millisecond
 	maxTimeout               = 60 * time.Second
 	defaultMaxAttributeBytes = 256
-	maxAttributeBytesLimit   = 8192
-	defaultDenyCacheEntries  = 10000
-	maxDenyCacheEntries      = 1000000
-	defaultLocalMaxKeys      = 10000
-	maxLocalMaxKeys          = 1000000
-	defaultMaxDelay          = 10 * time.Second
-	maxMaxDelay              = 10 * time.Minute
-	defaultTick              = 10 * time.Millisecond
-	maxTick                  = time.Second
-	defaultMaxHeld           = 1000
-	maxMaxHeld               = 100000
-	maxCost                  = 1 << 30
+	// maxAttributeBytesLimit, maxAttributes and maxCheckBody are the decision
+	// service's own bounds (engine.MaxValueLength, engine.MaxAttributes,
+	// decision.MaxBody; a test keeps them equal): past them it answers 400, and the
+	// filter would take its failure mode for every request.
+	maxAttributeBytesLimit  = 1024
+	maxAttributes           = 64
+	maxCheckBody            = 16 << 10
+	defaultDenyCacheEntries = 10000
+	maxDenyCacheEntries     = 1000000
+	defaultLocalMaxKeys     = 10000
+	maxLocalMaxKeys         = 1000000
+	defaultMaxDelay         = 10 * time.Second
+	maxMaxDelay             = 10 * time.Minute
+	defaultTick             = 10 * time.Millisecond
+	maxTick                 = time.Second
+	defaultMaxHeld          = 1000
+	maxMaxHeld              = 100000
+	maxCost                 = 1 << 30
 )
 
 // A source says where an attribute's value comes from.
@@ -243,6 +249,9 @@ func parseAttributes(root jsonv.Value) ([]attribute, error) {
 	items := v.Elems()
 	if len(items) == 0 {
 		return nil, &configError{"attributes", "must name at least one attribute"}
+	}
+	if len(items) > maxAttributes {
+		return nil, &configError{"attributes", strconv.Itoa(len(items)) + " attributes; the decision service takes at most " + strconv.Itoa(maxAttributes)}
 	}
 	attrs := make([]attribute, 0, len(items))
 	seen := make(map[string]bool, len(items))

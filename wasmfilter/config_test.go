@@ -2,12 +2,15 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/decision"
+	"github.com/tollgate-dev/tollgate/shared/engine"
 )
 
 // invalidConfigs are rejected by parseConfig; field is the path the error must name.
@@ -43,6 +46,7 @@ var invalidConfigs = []struct {
 	{"attributes[0].header", `{"cluster": "c", "domain": "d", "attributes": [{"name": "k", "from": "header", "header": ":path"}]}`},
 	{"attributes[0].value", `{"cluster": "c", "domain": "d", "attributes": [{"name": "k", "from": "method", "value": "x"}]}`},
 	{"max_attribute_bytes", `{"cluster": "c", "domain": "d", "max_attribute_bytes": 0}`},
+	{"max_attribute_bytes", `{"cluster": "c", "domain": "d", "max_attribute_bytes": 1025}`},
 	{"oversize", `{"cluster": "c", "domain": "d", "oversize": "drop"}`},
 	{"failure_mode", `{"cluster": "c", "domain": "d", "failure_mode": "fail-open"}`},
 	{"local_limits", `{"cluster": "c", "domain": "d", "failure_mode": "local"}`},
@@ -166,4 +170,26 @@ func FuzzParseConfig(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestBoundsMatchTheService keeps the filter's bounds equal to what the decision
+// service accepts: past them the service answers 400 and every request would take
+// the failure mode.
+func TestBoundsMatchTheService(t *testing.T) {
+	t.Parallel()
+	if maxAttributeBytesLimit != engine.MaxValueLength || maxAttributes != engine.MaxAttributes || maxCheckBody != decision.MaxBody {
+		t.Errorf("filter bounds %d bytes a value, %d attributes, %d bytes a body; the service takes %d, %d, %d",
+			maxAttributeBytesLimit, maxAttributes, maxCheckBody, engine.MaxValueLength, engine.MaxAttributes, decision.MaxBody)
+	}
+	attrs := make([]string, maxAttributes+1)
+	for i := range attrs {
+		attrs[i] = fmt.Sprintf(`{"name": "h%d", "from": "header", "header": "x-h%d"}`, i, i)
+	}
+	_, err := parseConfig([]byte(`{"cluster": "c", "domain": "d", "attributes": [` + strings.Join(attrs, ",") + `]}`))
+	if err == nil || !strings.Contains(err.Error(), "attributes") {
+		t.Errorf("%d attributes: parseConfig error %v, want one naming attributes", len(attrs), err)
+	}
+	if _, err := parseConfig([]byte(`{"cluster": "c", "domain": "d", "attributes": [` + strings.Join(attrs[:maxAttributes], ",") + `]}`)); err != nil {
+		t.Errorf("%d attributes: parseConfig = %v, want accepted", maxAttributes, err)
+	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -710,6 +711,26 @@ func TestAttributes(t *testing.T) {
 		if _, ok := attrs["api_key"]; ok || attrs["path"] != "/" {
 			t.Errorf("attributes without x-api-key = %v, want no api_key", attrs)
 		}
+	})
+
+	t.Run("body too large once escaped", func(t *testing.T) {
+		// 64 attributes of 1024 control characters each: every byte escapes to six.
+		var attrs []string
+		headers := [][2]string{{":method", "GET"}, {":path", "/"}}
+		for i := range maxAttributes {
+			attrs = append(attrs, fmt.Sprintf(`{"name": "h%d", "from": "header", "header": "x-h%d"}`, i, i))
+			headers = append(headers, [2]string{fmt.Sprintf("x-h%d", i), strings.Repeat("\x01", maxAttributeBytesLimit)})
+		}
+		host, _ := startFilter(t, `{"cluster": "tollgate_decision", "domain": "d", "max_attribute_bytes": 1024, "attributes": [`+strings.Join(attrs, ",")+`]}`)
+		id, sent := send(t, host, headers)
+		if sent != nil {
+			t.Fatalf("a check body over %d bytes was sent", maxCheckBody)
+		}
+		lr := host.GetSentLocalResponse(id)
+		if lr == nil || lr.StatusCode != 400 || !strings.Contains(string(lr.Data), `"field":"attributes"`) {
+			t.Fatalf("local response %+v, want 400 naming attributes", lr)
+		}
+		wantCounters(t, host, map[string]uint64{"rejected": 1})
 	})
 
 	t.Run("oversize rejected", func(t *testing.T) {

@@ -78,6 +78,12 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 		{"accept", "application/json"},
 	}
 	body := checkBody(p.cfg.domain, attrs, p.cfg.cost)
+	if len(body) > maxCheckBody {
+		// Only escaping can do this (a value of control characters is six times its
+		// length): the decision service would refuse it as a client error too.
+		p.metrics.rejected.Increment(1)
+		return h.reply(400, nil, []byte(`{"error":"attributes too large: the check body is over `+strconv.Itoa(maxCheckBody)+` bytes once JSON-escaped","field":"attributes"}`))
+	}
 	if _, err := proxywasm.DispatchHttpCall(p.cfg.cluster, callout, body, nil, uint32(p.cfg.timeout/time.Millisecond), h.onCheckResponse); err != nil {
 		p.metrics.calloutFailures.Increment(1)
 		return h.failureMode("dispatch to cluster " + strconv.Quote(p.cfg.cluster) + ": " + err.Error())
