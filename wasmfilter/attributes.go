@@ -104,6 +104,20 @@ func lookup(attrs []value, name string) (string, bool) {
 	return "", false
 }
 
+// pickAll returns the attributes named in names, in that order, or false when attrs
+// lacks one of them.
+func pickAll(attrs []value, names []string) ([]value, bool) {
+	kv := make([]value, 0, len(names))
+	for _, name := range names {
+		v, found := lookup(attrs, name)
+		if !found {
+			return nil, false
+		}
+		kv = append(kv, value{name, v})
+	}
+	return kv, true
+}
+
 // checkBody writes the decision request:
 // {"domain": D, "attributes": {NAME: VALUE, ...}, "cost": N}.
 func checkBody(domain string, attrs []value, cost int64) []byte {

@@ -414,13 +414,9 @@ func (c *config) identity(attrs []value) (id string, ok bool) {
 		}
 		return string(appendJSONObject(nil, attrs)), true
 	}
-	kv := make([]value, 0, len(c.denyCacheKey))
-	for _, name := range c.denyCacheKey {
-		v, found := lookup(attrs, name)
-		if !found {
-			return "", false
-		}
-		kv = append(kv, value{name, v})
+	kv, ok := pickAll(attrs, c.denyCacheKey)
+	if !ok {
+		return "", false
 	}
 	return string(appendJSONObject(nil, kv)), true
 }

@@ -86,13 +86,9 @@ func moreRestrictive(a, b algo.Decision) bool {
 // localKey is the store key of limit lim for a request: the limit's name and the
 // values of its key attributes. ok is false when the request lacks one of them.
 func localKey(lim localLimit, attrs []value) (key string, ok bool) {
-	kv := make([]value, 0, len(lim.key))
-	for _, name := range lim.key {
-		v, found := lookup(attrs, name)
-		if !found {
-			return "", false
-		}
-		kv = append(kv, value{name, v})
+	kv, ok := pickAll(attrs, lim.key)
+	if !ok {
+		return "", false
 	}
 	b := append([]byte(lim.name), ':')
 	return string(appendJSONObject(b, kv)), true

@@ -370,3 +370,8 @@ type Outcome struct {
 	// Now is the time the decision was made at, in Unix microseconds.
 	Now int64
 }
+
+// Outcome is the answer the reply gives to its Check.
+func (r Reply) Outcome() Outcome {
+	return Outcome{Allowed: r.Allowed, Decisions: r.Decisions, Now: r.Now}
+}

@@ -153,11 +153,11 @@ func (b *Batcher) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error
 			default:
 				// In flight: the pipeline will still set the outcome; nobody reads it.
 				cl.given.Store(true)
-				return algo.Outcome{}, fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], ctx.Err())
+				return algo.Outcome{}, runError(c, ctx.Err())
 			}
 		}
 		b.release(cl)
-		return algo.Outcome{}, fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], ctx.Err())
+		return algo.Outcome{}, runError(c, ctx.Err())
 	}
 }
 
@@ -173,25 +173,32 @@ func (b *Batcher) lone(ctx context.Context, c algo.Check) (algo.Outcome, error) 
 // outcome decodes a decision script's reply to c.
 func outcome(v any, err error, c algo.Check) (algo.Outcome, error) {
 	if err != nil {
-		return algo.Outcome{}, fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], err)
+		return algo.Outcome{}, runError(c, err)
 	}
 	rep, err := algo.ParseDecideReply(v, c.Meters)
-	if err != nil {
-		return algo.Outcome{}, fmt.Errorf("redisstore: decision script for %q: %w", c.Keys[0], err)
-	}
-	return algo.Outcome{Allowed: rep.Allowed, Decisions: rep.Decisions, Now: rep.Now}, nil
+	return fromReply(rep, err, c)
 }
 
 // outcomeInts decodes a decision script's reply to c, read as integers.
 func outcomeInts(vals []int64, err error, c algo.Check) (algo.Outcome, error) {
 	if err != nil {
-		return algo.Outcome{}, fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], err)
+		return algo.Outcome{}, runError(c, err)
 	}
 	rep, err := algo.ParseDecideInts(vals, c.Meters)
+	return fromReply(rep, err, c)
+}
+
+// runError is the error of a decision script for c that did not answer.
+func runError(c algo.Check, err error) error {
+	return fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], err)
+}
+
+// fromReply is the outcome of c from its parsed reply, or the parse error.
+func fromReply(rep algo.Reply, err error, c algo.Check) (algo.Outcome, error) {
 	if err != nil {
 		return algo.Outcome{}, fmt.Errorf("redisstore: decision script for %q: %w", c.Keys[0], err)
 	}
-	return algo.Outcome{Allowed: rep.Allowed, Decisions: rep.Decisions, Now: rep.Now}, nil
+	return rep.Outcome(), nil
 }
 
 // take removes up to maxBatch calls from the head of the queue and counts a round

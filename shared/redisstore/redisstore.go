@@ -211,7 +211,7 @@ func (s *Store) run(ctx context.Context, c algo.Check, undo bool) (algo.Outcome,
 	if err != nil {
 		return algo.Outcome{}, err
 	}
-	return algo.Outcome{Allowed: rep.Allowed, Decisions: rep.Decisions, Now: rep.Now}, nil
+	return rep.Outcome(), nil
 }
 
 func (s *Store) call(ctx context.Context, c algo.Check, undo bool) (algo.Reply, error) {
@@ -226,7 +226,7 @@ func (s *Store) call(ctx context.Context, c algo.Check, undo bool) (algo.Reply, 
 		}
 	}
 	if err != nil {
-		return algo.Reply{}, fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], err)
+		return algo.Reply{}, runError(c, err)
 	}
 	return rep, nil
 }
