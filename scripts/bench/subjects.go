@@ -193,29 +193,17 @@ func subjects() []subject {
 	} {
 		for _, a := range algo.Algorithms {
 			ss = append(ss, subject{
-				Name: kind.prefix + "/" + string(a),
-				Desc: kind.desc + ", one " + string(a) + " limit",
-				setup: func(e *env) (op, func(), error) {
-					eng, err := e.newEngine(kind.k, true, limitYAML(a))
-					if err != nil {
-						return nil, nil, err
-					}
-					return e.engineOp(eng, true), nil, nil
-				},
+				Name:  kind.prefix + "/" + string(a),
+				Desc:  kind.desc + ", one " + string(a) + " limit",
+				setup: engineSetup(kind.k, limitYAML(a)),
 			})
 		}
 	}
 	ss = append(ss,
 		subject{
-			Name: "engine+args/gcra",
-			Desc: "tollgate engine on redisstore.Batcher{MaxBatch: 1}: precomputed script arguments, batching off",
-			setup: func(e *env) (op, func(), error) {
-				eng, err := e.newEngine(argsStore, true, limitYAML(algo.GCRA))
-				if err != nil {
-					return nil, nil, err
-				}
-				return e.engineOp(eng, true), nil, nil
-			},
+			Name:  "engine+args/gcra",
+			Desc:  "tollgate engine on redisstore.Batcher{MaxBatch: 1}: precomputed script arguments, batching off",
+			setup: engineSetup(argsStore, limitYAML(algo.GCRA)),
 		},
 		subject{
 			Name: "redis_rate×3",
@@ -246,26 +234,14 @@ func subjects() []subject {
 			},
 		},
 		subject{
-			Name: "engine/3-limits",
-			Desc: "tollgate engine, a request under three GCRA limits (second, minute, hour) in one EVALSHA",
-			setup: func(e *env) (op, func(), error) {
-				eng, err := e.newEngine(plainStore, true, threeLimits...)
-				if err != nil {
-					return nil, nil, err
-				}
-				return e.engineOp(eng, true), nil, nil
-			},
+			Name:  "engine/3-limits",
+			Desc:  "tollgate engine, a request under three GCRA limits (second, minute, hour) in one EVALSHA",
+			setup: engineSetup(plainStore, threeLimits...),
 		},
 		subject{
-			Name: "engine+batch/3-limits",
-			Desc: "the same three limits on redisstore.Batcher",
-			setup: func(e *env) (op, func(), error) {
-				eng, err := e.newEngine(batchStore, true, threeLimits...)
-				if err != nil {
-					return nil, nil, err
-				}
-				return e.engineOp(eng, true), nil, nil
-			},
+			Name:  "engine+batch/3-limits",
+			Desc:  "the same three limits on redisstore.Batcher",
+			setup: engineSetup(batchStore, threeLimits...),
 		},
 		subject{
 			Name:  "http/gcra",
@@ -296,6 +272,18 @@ func subjects() []subject {
 		},
 	)
 	return ss
+}
+
+// engineSetup sets up the engine on store kind k, deny cache on, with the limits
+// given as policy YAML, and returns an op that expects admissions.
+func engineSetup(k storeKind, limits ...string) func(e *env) (op, func(), error) {
+	return func(e *env) (op, func(), error) {
+		eng, err := e.newEngine(k, true, limits...)
+		if err != nil {
+			return nil, nil, err
+		}
+		return e.engineOp(eng, true), nil, nil
+	}
 }
 
 // deniedSubject blocks client 0 and returns an op that expects denials.

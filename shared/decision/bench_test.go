@@ -58,16 +58,16 @@ func BenchmarkHandlerInProcess(b *testing.B) {
 	}
 }
 
-// BenchmarkLoopback is one POST /v1/check at a time over loopback HTTP to the
-// decision service on Redis, with the engine on the batcher (the service's default)
-// or on the store.
-func BenchmarkLoopback(b *testing.B) {
+// benchStores starts a redis-server and returns a store on it, scripts loaded, and
+// a batcher with the defaults on that store; both close when b ends.
+func benchStores(b *testing.B) (*redisstore.Store, *redisstore.Batcher) {
+	b.Helper()
 	srv := redistest.StartServer(b)
 	s, err := redisstore.Open(redisstore.Config{URL: srv.URL(), Timeout: 5 * time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer s.Close()
+	b.Cleanup(func() { s.Close() })
 	if err := s.Preload(context.Background()); err != nil {
 		b.Fatal(err)
 	}
@@ -75,6 +75,14 @@ func BenchmarkLoopback(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	return s, bt
+}
+
+// BenchmarkLoopback is one POST /v1/check at a time over loopback HTTP to the
+// decision service on Redis, with the engine on the batcher (the service's default)
+// or on the store.
+func BenchmarkLoopback(b *testing.B) {
+	s, bt := benchStores(b)
 	bodies := benchBodies(10000)
 	for _, st := range []struct {
 		name  string
@@ -106,19 +114,7 @@ func BenchmarkLoopback(b *testing.B) {
 // calls the service: one kept-alive connection, the request written and the response
 // read by the calling goroutine, without net/http's transport goroutines.
 func BenchmarkLoopbackRaw(b *testing.B) {
-	srv := redistest.StartServer(b)
-	s, err := redisstore.Open(redisstore.Config{URL: srv.URL(), Timeout: 5 * time.Second})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	if err := s.Preload(context.Background()); err != nil {
-		b.Fatal(err)
-	}
-	bt, err := redisstore.NewBatcher(s, redisstore.BatchConfig{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	_, bt := benchStores(b)
 	ts := httptest.NewServer(benchHandler(b, bt))
 	defer ts.Close()
 	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
