@@ -59,7 +59,7 @@ func TestDependencies(t *testing.T) {
 			t.Errorf("the filter depends on %s (imported by %s); it must stay TinyGo-safe", pkg, strings.Join(importers[pkg], ", "))
 		}
 	}
-	for _, want := range []string{"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm", "github.com/tollgate-dev/tollgate/shared/jsonv", "github.com/tollgate-dev/tollgate/shared/memstore"} {
+	for _, want := range []string{"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm", "github.com/tollgate-dev/tollgate/shared/jsonv", "github.com/tollgate-dev/tollgate/shared/memstore"} {
 		if !slices.Contains(all, want) {
 			t.Errorf("go list -deps does not list %s; is the check looking at the filter?", want)
 		}
