@@ -27,6 +27,15 @@ import (
 // real redis-server, and returns its URL and the Redis process.
 func decisionService(t *testing.T, policyYAML string) (*httptest.Server, *redistest.Server) {
 	t.Helper()
+	h, redis := decisionHandler(t, policyYAML)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv, redis
+}
+
+// decisionHandler is the decision service's HTTP handler on a real redis-server.
+func decisionHandler(t *testing.T, policyYAML string) (http.Handler, *redistest.Server) {
+	t.Helper()
 	redis := redistest.StartServer(t)
 	store, err := redisstore.New(redis.Client(t))
 	if err != nil {
@@ -40,9 +49,7 @@ func decisionService(t *testing.T, policyYAML string) (*httptest.Server, *redist
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(decision.NewHandler(eng, decision.Options{}))
-	t.Cleanup(srv.Close)
-	return srv, redis
+	return decision.NewHandler(eng, decision.Options{}), redis
 }
 
 // envoyCallouts plays Envoy's part for the filter's callouts: it sends each one to the
