@@ -35,6 +35,12 @@ const (
 	defaultMaxHeld          = 1000
 	maxMaxHeld              = 100000
 	maxCost                 = 1 << 30
+	// maxConfigBytes bounds the plugin configuration: a real one is a few hundred
+	// bytes (64 attributes and 64 local limits fit in 16 KiB), and a larger one is a
+	// mistake, not something to parse inside every worker's VM.
+	maxConfigBytes = 256 << 10
+	// maxLocalLimits bounds local_limits: every request is checked against each.
+	maxLocalLimits = 64
 )
 
 // A source says where an attribute's value comes from.
@@ -147,6 +153,9 @@ func parseConfig(data []byte) (*config, error) {
 	if len(strings.TrimSpace(string(data))) == 0 {
 		return nil, &configError{Msg: `the configuration is empty; set at least "cluster" and "domain"`}
 	}
+	if len(data) > maxConfigBytes {
+		return nil, &configError{Msg: "the configuration is " + strconv.Itoa(len(data)) + " bytes, over the limit of " + strconv.Itoa(maxConfigBytes) + "; a tollgate configuration needs a few hundred"}
+	}
 	root, err := jsonv.Parse(data)
 	if err != nil {
 		return nil, jsonError(err)
@@ -232,10 +241,21 @@ func jsonError(err error) error {
 	case errors.Is(err, jsonv.ErrDuplicateKey) && je.Path != "":
 		return &configError{je.Path, "is set twice; keep one of them"}
 	case errors.Is(err, jsonv.ErrTooDeep):
-		return &configError{Msg: "the configuration is nested too deeply: " + strings.TrimPrefix(err.Error(), "jsonv: ")}
+		return &configError{topField(je.Path), "is nested too deeply: arrays and objects nest at most " + strconv.Itoa(jsonv.MaxDepth) +
+			" deep, and a tollgate configuration needs 3 (" + strings.TrimPrefix(err.Error(), "jsonv: ") + ")"}
 	default:
 		return &configError{Msg: "the configuration is not valid JSON: " + strings.TrimPrefix(err.Error(), "jsonv: ")}
 	}
+}
+
+// topField returns the top-level member of a jsonv path ("local_limits" of
+// "local_limits[0].key[1]"), to name the field at fault without a path as long as
+// the nesting.
+func topField(path string) string {
+	if i := strings.IndexAny(path, ".["); i > 0 {
+		return path[:i]
+	}
+	return path
 }
 
 func parseAttributes(root jsonv.Value) ([]attribute, error) {
@@ -314,6 +334,9 @@ func parseLocalLimits(root jsonv.Value, attrs []attribute) ([]localLimit, error)
 	}
 	if v.Kind() != jsonv.Array {
 		return nil, &configError{"local_limits", `must be an array such as [{"name": "per-key", "key": ["api_key"], "rate": "100/min"}]`}
+	}
+	if n := len(v.Elems()); n > maxLocalLimits {
+		return nil, &configError{"local_limits", strconv.Itoa(n) + " limits, over the limit of " + strconv.Itoa(maxLocalLimits) + " (every request is checked against each); merge limits that share a key"}
 	}
 	var limits []localLimit
 	seen := map[string]bool{}

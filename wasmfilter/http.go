@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"math"
 	"strconv"
 	"strings"
@@ -13,7 +14,8 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/jsonv"
 )
 
-// maxCalloutBody bounds how much of the decision service's answer is read.
+// maxCalloutBody bounds the decision service's answer: a longer body is not read at
+// all (a prefix would not parse), and its JSON fields count as absent.
 const maxCalloutBody = 64 << 10
 
 // rateLimitHeaders are the decision service's headers that are passed on to the client.
@@ -112,12 +114,18 @@ func (h *httpContext) decide(numHeaders, bodySize int) types.Action {
 			headers = nil
 		}
 	}
-	var answer jsonv.Value
-	if bodySize > 0 {
-		body, _ := proxywasm.GetHttpCallResponseBody(0, min(bodySize, maxCalloutBody))
-		answer = parseAnswer(body)
-	}
 	status, _ := headerValue(headers, ":status")
+	var answer jsonv.Value
+	if bodySize > maxCalloutBody {
+		// The service's answers are a few hundred bytes: this is not one of them.
+		proxywasm.LogWarnf("tollgate: the decision callout's %s answer is %d bytes, over the limit of %d; its body is ignored", status, bodySize, maxCalloutBody)
+	} else if bodySize > 0 {
+		body, _ := proxywasm.GetHttpCallResponseBody(0, bodySize)
+		var err error
+		if answer, err = parseAnswerErr(body); errors.Is(err, jsonv.ErrTooDeep) {
+			proxywasm.LogWarnf("tollgate: the decision callout's %s answer nests arrays and objects more than %d deep; its body is ignored", status, jsonv.MaxDepth)
+		}
+	}
 	switch {
 	case status == "200":
 		return h.allowed(headers, answer)
@@ -141,11 +149,17 @@ func (h *httpContext) decide(numHeaders, bodySize int) types.Action {
 // parseAnswer reads the body of the decision service's answer. A body that is not
 // JSON reads as null, which has no fields.
 func parseAnswer(body []byte) jsonv.Value {
+	v, _ := parseAnswerErr(body)
+	return v
+}
+
+// parseAnswerErr is parseAnswer that also returns why a body is not read.
+func parseAnswerErr(body []byte) (jsonv.Value, error) {
 	v, err := jsonv.Parse(body)
 	if err != nil {
-		return jsonv.Value{}
+		return jsonv.Value{}, err
 	}
-	return v
+	return v, nil
 }
 
 // unavailableVerdict reports whether the body of a 503 is the decision service's
