@@ -143,8 +143,9 @@ func TestParseConfigFull(t *testing.T) {
 	}
 }
 
-// FuzzParseConfig checks that no configuration crashes the parser (TinyGo on wasi
-// cannot recover a panic) and that every accepted one is usable.
+// FuzzParseConfig checks that no configuration crashes the parser (a panic traps the
+// VM, and nothing recovers it) and that every accepted one is usable. FuzzPluginConfig
+// feeds the same inputs to the compiled module.
 func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(`{"cluster": "c", "domain": "d"}`))
 	for _, tc := range invalidConfigs {

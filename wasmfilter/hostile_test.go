@@ -244,3 +244,24 @@ func FuzzCalloutAnswer(f *testing.F) {
 		}
 	})
 }
+
+// TestGarbageCollectionWithoutPoll runs enough requests through one VM for Go's
+// garbage collector to run many times, on a host whose WASI poll_oneoff fails with
+// ENOSYS as Envoy's did before proxy-wasm-cpp-host PR #533: a Go runtime that polled
+// from its scheduler would trap (golang/go#78513).
+func TestGarbageCollectionWithoutPoll(t *testing.T) {
+	host, _ := startFilter(t, wasm, cfg(`"deny_cache": {"enabled": false}`))
+	pad := strings.Repeat("p", 32<<10)
+	key := strings.Repeat("k", 200)
+	for i := range 400 {
+		id, _ := request(host, key+strconv.Itoa(i), "/search")
+		status := [][2]string{{":status", "200"}}
+		if i%2 == 1 {
+			status = [][2]string{{":status", "429"}, {"retry-after", "1"}}
+		}
+		answer(t, host, id, status, `{"rule":"per-key","pad":"`+pad+`"}`)
+		host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+		host.CompleteHttpContext(id)
+	}
+	wantCounters(t, host, map[string]uint64{"allowed": 200, "denied": 200})
+}

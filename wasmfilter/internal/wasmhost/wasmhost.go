@@ -56,15 +56,43 @@ type Runtime struct {
 	compiled wazero.CompiledModule
 }
 
-// NewRuntime compiles a proxy-wasm module. cache, when not nil, shares the compiled
-// code with other runtimes of the same process (wazero.NewCompilationCache).
+// RuntimeOptions configure a Runtime. The zero value is wazero's full WASI and no
+// compilation cache.
+type RuntimeOptions struct {
+	// Cache, when not nil, shares compiled code with other runtimes of the same
+	// process (wazero.NewCompilationCache).
+	Cache wazero.CompilationCache
+	// PollOneoffENOSYS makes WASI's poll_oneoff fail with ENOSYS, as Envoy's
+	// proxy-wasm-cpp-host does before its PR #533, instead of wazero's working one.
+	// Go's runtime polls from its scheduler (golang/go#78513).
+	PollOneoffENOSYS bool
+}
+
+// errnoNOSYS is WASI's ENOSYS.
+const errnoNOSYS = 52
+
+// NewRuntime compiles a proxy-wasm module with wazero's full WASI. cache, when not
+// nil, shares the compiled code with other runtimes of the same process.
 func NewRuntime(ctx context.Context, wasm []byte, cache wazero.CompilationCache) (*Runtime, error) {
+	return NewRuntimeWith(ctx, wasm, RuntimeOptions{Cache: cache})
+}
+
+// NewRuntimeWith compiles a proxy-wasm module.
+func NewRuntimeWith(ctx context.Context, wasm []byte, opts RuntimeOptions) (*Runtime, error) {
 	cfg := wazero.NewRuntimeConfig()
-	if cache != nil {
-		cfg = cfg.WithCompilationCache(cache)
+	if opts.Cache != nil {
+		cfg = cfg.WithCompilationCache(opts.Cache)
 	}
 	r := wazero.NewRuntimeWithConfig(ctx, cfg)
-	if _, err := wasi_snapshot_preview1.Instantiate(ctx, r); err != nil {
+	wasi := r.NewHostModuleBuilder(wasi_snapshot_preview1.ModuleName)
+	wasi_snapshot_preview1.NewFunctionExporter().ExportFunctions(wasi)
+	if opts.PollOneoffENOSYS {
+		wasi.NewFunctionBuilder().
+			WithGoModuleFunction(api.GoModuleFunc(func(_ context.Context, _ api.Module, stack []uint64) { stack[0] = errnoNOSYS }),
+				[]api.ValueType{i32, i32, i32, i32}, []api.ValueType{i32}).
+			Export("poll_oneoff")
+	}
+	if _, err := wasi.Instantiate(ctx); err != nil {
 		r.Close(ctx)
 		return nil, fmt.Errorf("wasmhost: instantiate WASI: %w", err)
 	}
