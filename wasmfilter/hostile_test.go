@@ -265,3 +265,48 @@ func TestGarbageCollectionWithoutPoll(t *testing.T) {
 	}
 	wantCounters(t, host, map[string]uint64{"allowed": 200, "denied": 200})
 }
+
+// TestHostileRequests sends requests with headers far past what Envoy would pass on
+// (its defaults are 60 KiB and 100 headers): the filter must ask the service with its
+// bounded attributes, or answer 400 when it is set to reject oversize values.
+func TestHostileRequests(t *testing.T) {
+	many := [][2]string{{":method", "GET"}, {":path", "/search"}}
+	for i := range 10000 {
+		many = append(many, [2]string{"x-api-key", "k" + strconv.Itoa(i)})
+	}
+	tests := []struct {
+		name     string
+		oversize string
+		headers  [][2]string
+		want     uint32 // the local reply's status; 0: a callout
+	}{
+		{"1 MiB key, truncated", "truncate", [][2]string{{":method", "GET"}, {":path", "/search"}, {"x-api-key", strings.Repeat("k", 1<<20)}}, 0},
+		{"1 MiB key, rejected", "reject", [][2]string{{":method", "GET"}, {":path", "/search"}, {"x-api-key", strings.Repeat("k", 1<<20)}}, 400},
+		{"4 MiB path", "truncate", [][2]string{{":method", "GET"}, {":path", "/" + strings.Repeat("a", 4<<20) + "?q"}}, 0},
+		{"10000 keys", "truncate", many, 0},
+		{"invalid UTF-8 and NULs", "truncate", [][2]string{{":method", "\xff\x00"}, {":path", "\x00\xfe/"}, {"x-api-key", "\xc3"}}, 0},
+		{"no pseudo headers", "truncate", nil, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			forBackends(t, func(t *testing.T, b backend) {
+				host, _ := startFilter(t, b, cfg(`"oversize": "`+tc.oversize+`"`))
+				id := host.InitializeHttpContext()
+				host.CallOnRequestHeaders(id, tc.headers, true)
+				lr := host.GetSentLocalResponse(id)
+				switch {
+				case tc.want == 0 && lr != nil:
+					t.Fatalf("local %d reply, want a callout", lr.StatusCode)
+				case tc.want == 0:
+					c := onlyCallout(t, host, id)
+					if len(c.Body) > maxCheckBody || !json.Valid(c.Body) {
+						t.Fatalf("callout body of %d bytes (valid JSON: %v), want valid JSON of at most %d", len(c.Body), json.Valid(c.Body), maxCheckBody)
+					}
+				case lr == nil || lr.StatusCode != tc.want:
+					t.Fatalf("local reply %+v, want %d", lr, tc.want)
+				}
+				host.CompleteHttpContext(id)
+			})
+		})
+	}
+}

@@ -53,6 +53,9 @@ type Proxy struct {
 
 // NewProxy instantiates a VM of rt, starts the plugin and its tick loop. Close it.
 func NewProxy(ctx context.Context, rt *Runtime, cfg ProxyConfig) (*Proxy, error) {
+	if cfg.Upstream == "" {
+		return nil, errors.New(`wasmhost: ProxyConfig.Upstream is empty; set the base URL of the upstream, e.g. "http://127.0.0.1:8081"`)
+	}
 	if cfg.VM.OnHttpCall != nil || cfg.VM.OnStreamChange != nil {
 		return nil, errors.New("wasmhost: ProxyConfig.VM: OnHttpCall and OnStreamChange are the proxy's; leave them nil")
 	}
