@@ -85,6 +85,7 @@ func TestDependencies(t *testing.T) {
 		forbidden := pkg == "net" || strings.HasPrefix(pkg, "net/") ||
 			pkg == "encoding/json" || pkg == "os/exec" ||
 			strings.HasPrefix(pkg, "github.com/redis/go-redis") ||
+			strings.HasPrefix(pkg, "github.com/tetratelabs/wazero") ||
 			strings.HasPrefix(pkg, "google.golang.org/grpc") ||
 			strings.HasPrefix(pkg, "google.golang.org/protobuf")
 		if forbidden {

@@ -1,5 +1,6 @@
 // Package wasmhost is a small proxy-wasm host (ABI 0.2.1) on wazero, for running a
-// compiled plugin such as tollgate's filter in tests and benchmarks.
+// compiled plugin such as tollgate's filter in tests and benchmarks (wasmfilter's
+// tests; a benchmark under scripts/ may import it too). The filter never imports it.
 //
 // It implements the env.proxy_* imports an HTTP filter uses — logs, properties,
 // header maps, buffers, local responses, HTTP callouts, ticks, the effective context,
