@@ -130,7 +130,7 @@ func filterWasm(t testing.TB) string {
 		}
 		// poll_oneoff fails as in Envoy (proxy-wasm-cpp-host before its PR #533), so
 		// that a Go runtime that polls (golang/go#78513) fails here too.
-		compiled.runtime, compiled.err = wasmhost.NewRuntimeWith(context.Background(), wasm,
+		compiled.runtime, compiled.err = wasmhost.NewRuntime(context.Background(), wasm,
 			wasmhost.RuntimeOptions{Cache: wazero.NewCompilationCache(), PollOneoffENOSYS: true})
 	})
 	if compiled.err != nil {

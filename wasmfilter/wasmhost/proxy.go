@@ -74,6 +74,7 @@ func NewProxy(ctx context.Context, rt *Runtime, cfg ProxyConfig) (*Proxy, error)
 	if err != nil {
 		return nil, err
 	}
+	p.vm = vm // before the start, which may already call out
 	ok, err := vm.StartPlugin()
 	if err != nil || !ok {
 		vm.Close(ctx)
@@ -82,7 +83,6 @@ func NewProxy(ctx context.Context, rt *Runtime, cfg ProxyConfig) (*Proxy, error)
 		}
 		return nil, err
 	}
-	p.vm = vm
 	go p.tickLoop()
 	return p, nil
 }

@@ -72,14 +72,8 @@ type RuntimeOptions struct {
 // errnoNOSYS is WASI's ENOSYS.
 const errnoNOSYS = 52
 
-// NewRuntime compiles a proxy-wasm module with wazero's full WASI. cache, when not
-// nil, shares the compiled code with other runtimes of the same process.
-func NewRuntime(ctx context.Context, wasm []byte, cache wazero.CompilationCache) (*Runtime, error) {
-	return NewRuntimeWith(ctx, wasm, RuntimeOptions{Cache: cache})
-}
-
-// NewRuntimeWith compiles a proxy-wasm module.
-func NewRuntimeWith(ctx context.Context, wasm []byte, opts RuntimeOptions) (*Runtime, error) {
+// NewRuntime compiles a proxy-wasm module.
+func NewRuntime(ctx context.Context, wasm []byte, opts RuntimeOptions) (*Runtime, error) {
 	cfg := wazero.NewRuntimeConfig()
 	if opts.Cache != nil {
 		cfg = cfg.WithCompilationCache(opts.Cache)
