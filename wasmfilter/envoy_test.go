@@ -98,8 +98,10 @@ func TestEnvoyConfig(t *testing.T) {
 	if got := pc.GetVmConfig().GetCode().GetLocal().GetFilename(); !strings.HasSuffix(got, "tollgate.wasm") {
 		t.Errorf("vm_config.code.local.filename = %q, want the plugin built by make wasm (dist/tollgate.wasm)", got)
 	}
-	if pc.GetFailurePolicy() == wasmv3.FailurePolicy_UNSPECIFIED {
-		t.Errorf("failure_policy is not set")
+	// A VM that traps (a panic, or the Go runtime aborting: see golang/go#78513 in
+	// README.md) must be replaced, not fail every later request of its worker.
+	if got := pc.GetFailurePolicy(); got != wasmv3.FailurePolicy_FAIL_RELOAD {
+		t.Errorf("failure_policy = %v, want FAIL_RELOAD", got)
 	}
 	var sv wrapperspb.StringValue
 	if err := pc.GetConfiguration().UnmarshalTo(&sv); err != nil {
