@@ -65,6 +65,12 @@ rules:
 	return p
 }
 
+// A breakerChange is a state the circuit breaker took, and when.
+type breakerChange struct {
+	state string
+	at    time.Time
+}
+
 // An answer is one decision the load saw.
 type answer struct {
 	key      int
@@ -82,7 +88,7 @@ type failoverRun struct {
 	logs    *lineLog
 	breaker struct {
 		sync.Mutex
-		changes []string
+		changes []breakerChange
 	}
 	storeCalls, storeFailures atomic.Int64
 
@@ -109,7 +115,6 @@ func startFailoverRun(t *testing.T, url string, cluster bool) *failoverRun {
 		t.Fatal(err)
 	}
 	r := &failoverRun{logs: &lineLog{max: 40}, stop: make(chan struct{}), denied: make([]atomic.Bool, failoverKeys)}
-	start := time.Now()
 	hooks := engine.Hooks{
 		StoreCall: func(_ time.Duration, err error) {
 			r.storeCalls.Add(1)
@@ -119,7 +124,7 @@ func startFailoverRun(t *testing.T, url string, cluster bool) *failoverRun {
 		},
 		BreakerState: func(state string) {
 			r.breaker.Lock()
-			r.breaker.changes = append(r.breaker.changes, fmt.Sprintf("%s at %v", state, time.Since(start).Round(time.Millisecond)))
+			r.breaker.changes = append(r.breaker.changes, breakerChange{state, time.Now()})
 			r.breaker.Unlock()
 		},
 	}
@@ -275,7 +280,11 @@ func (r *failoverRun) check(t *testing.T, f failover) {
 		t.Logf("dead master's keys: failure mode from %v to %v after the kill; last one %v after the promotion",
 			since(firstDead), since(lastDead), lastDead.Sub(f.promoted).Round(time.Millisecond))
 	}
-	t.Logf("store calls %d, failed %d; breaker: %v", r.storeCalls.Load(), r.storeFailures.Load(), r.breaker.changes)
+	var changes []string
+	for _, c := range r.breaker.changes {
+		changes = append(changes, fmt.Sprintf("%s %v", c.state, since(c.at)))
+	}
+	t.Logf("store calls %d, failed %d; breaker changes after the kill: %v", r.storeCalls.Load(), r.storeFailures.Load(), changes)
 
 	failed := false
 	if before > 0 {
