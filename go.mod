@@ -16,7 +16,6 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/rs/zerolog v1.35.1
-	github.com/sony/gobreaker/v2 v2.4.0
 	github.com/tetratelabs/proxy-wasm-go-sdk v0.24.0
 	gonum.org/v1/plot v0.17.0
 	google.golang.org/protobuf v1.36.12

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/breaker"
 )
 
 // Defaults of BatchConfig.
@@ -96,15 +97,38 @@ func NewBatcher(store *Store, cfg BatchConfig) (*Batcher, error) {
 // Store returns the store the batcher decides on.
 func (b *Batcher) Store() *Store { return b.store }
 
+// UseBreakers replaces the store's node breakers (Store.UseBreakers).
+func (b *Batcher) UseBreakers(st breaker.Settings) { b.store.UseBreakers(st) }
+
+// Breakers returns the state of the store's node breakers (Store.Breakers).
+func (b *Batcher) Breakers() []breaker.Status { return b.store.Breakers() }
+
+// Health checks the store's nodes (Store.Health).
+func (b *Batcher) Health(ctx context.Context) []breaker.Status { return b.store.Health(ctx) }
+
 // Decide decides every meter of c together, as Store.Decide does, sharing the round
 // trip with the requests in flight at the same time. It returns when the outcome is
 // known or ctx ends, whichever comes first; a request whose context ends after it was
 // sent may still have been charged, as with any command that times out. c must not be
 // modified until Decide returns.
+//
+// A request goes to its node through the node's circuit breaker, as with
+// Store.Decide: a request for a node whose breaker is open fails at once.
 func (b *Batcher) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) {
 	if len(c.Keys) != len(c.Meters) || len(c.Meters) == 0 || (b.store.cluster && !oneSlot(c.Keys)) {
 		return b.store.Decide(ctx, c)
 	}
+	p, err := b.store.allowKey(ctx, c.Keys[0])
+	if err != nil {
+		return algo.Outcome{}, runError(c, err)
+	}
+	out, err := b.decide(ctx, c)
+	b.store.done(p, err)
+	return out, err
+}
+
+// decide is Decide for a request on one node, let through by its breaker.
+func (b *Batcher) decide(ctx context.Context, c algo.Check) (algo.Outcome, error) {
 	if b.maxBatch == 1 {
 		return b.lone(ctx, c)
 	}

@@ -135,7 +135,15 @@ func Open(c Config) (*Store, error) {
 	default:
 		client = redis.NewClient(o.Simple())
 	}
-	return New(client)
+	s, err := New(client)
+	if err != nil {
+		return nil, err
+	}
+	if o.MasterName != "" {
+		// The failover client follows the master; its breaker is the master's, by name.
+		s.node = "sentinel:" + o.MasterName
+	}
+	return s, nil
 }
 
 // Redact returns the URL without its password, for logs.
