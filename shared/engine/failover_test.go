@@ -65,10 +65,10 @@ rules:
 	return p
 }
 
-// A breakerChange is a state the circuit breaker took, and when.
+// A breakerChange is a state a node's circuit breaker took, and when.
 type breakerChange struct {
-	state string
-	at    time.Time
+	node, state string
+	at          time.Time
 }
 
 // An answer is one decision the load saw.
@@ -122,9 +122,9 @@ func startFailoverRun(t *testing.T, url string, cluster bool) *failoverRun {
 				r.storeFailures.Add(1)
 			}
 		},
-		BreakerState: func(state string) {
+		BreakerState: func(node, state string) {
 			r.breaker.Lock()
-			r.breaker.changes = append(r.breaker.changes, breakerChange{state, time.Now()})
+			r.breaker.changes = append(r.breaker.changes, breakerChange{node, state, time.Now()})
 			r.breaker.Unlock()
 		},
 	}
@@ -244,6 +244,7 @@ func (r *failoverRun) check(t *testing.T, f failover) {
 
 	var before, healthy, dead int
 	var firstHealthy, lastHealthy, firstDead, lastDead time.Time
+	var healthyShown []string // the first healthy masters' keys that failed
 	served := map[int]bool{} // dead keys with a store answer after the bound
 	admitted := map[[2]int64]int{}
 	for _, a := range answers {
@@ -271,6 +272,9 @@ func (r *failoverRun) check(t *testing.T, f failover) {
 				firstHealthy = a.at
 			}
 			lastHealthy = a.at
+			if len(healthyShown) < 10 {
+				healthyShown = append(healthyShown, fmt.Sprintf("k%d at %v", a.key, since(a.at)))
+			}
 		}
 	}
 
@@ -288,7 +292,7 @@ func (r *failoverRun) check(t *testing.T, f failover) {
 	}
 	var changes []string
 	for _, c := range r.breaker.changes {
-		changes = append(changes, fmt.Sprintf("%s %v", c.state, since(c.at)))
+		changes = append(changes, fmt.Sprintf("%s %s %v", c.node, c.state, since(c.at)))
 	}
 	t.Logf("store calls %d, failed %d; breaker changes after the kill: %v", r.storeCalls.Load(), r.storeFailures.Load(), changes)
 
@@ -299,7 +303,7 @@ func (r *failoverRun) check(t *testing.T, f failover) {
 	}
 	switch {
 	case healthy > 0 && !f.allDown:
-		t.Errorf("failure-mode answers for keys on healthy masters = %d (first %v after the kill), want 0", healthy, since(firstHealthy))
+		t.Errorf("failure-mode answers for keys on healthy masters = %d (first %v after the kill: %s), want 0", healthy, since(firstHealthy), strings.Join(healthyShown, ", "))
 		failed = true
 	case healthy > 0:
 		t.Logf("healthy masters' keys: failure mode from %v to %v after the kill; last one %v after the promotion",
