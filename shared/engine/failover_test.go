@@ -245,7 +245,7 @@ func (r *failoverRun) check(t *testing.T, f failover) {
 	var before, healthy, dead int
 	var firstHealthy, lastHealthy, firstDead, lastDead time.Time
 	var healthyShown []string // the first healthy masters' keys that failed
-	served := map[int]bool{} // dead keys with a store answer after the bound
+	served := map[int]bool{}  // dead keys with a store answer after the bound
 	admitted := map[[2]int64]int{}
 	for _, a := range answers {
 		if a.allowed && !a.degraded {
