@@ -97,6 +97,7 @@ type failoverRun struct {
 	mu      sync.Mutex
 	answers []answer
 	denied  []atomic.Bool // the store has denied key i at least once
+	errs    []error       // errors of Check, which only a bad request returns
 }
 
 // startFailoverRun builds the engine on the Redis at url and starts the load.
@@ -157,9 +158,11 @@ func startFailoverRun(t *testing.T, url string, cluster bool) *failoverRun {
 func (r *failoverRun) work(w int) {
 	defer r.wg.Done()
 	var mine []answer
+	var errs []error
 	defer func() {
 		r.mu.Lock()
 		r.answers = append(r.answers, mine...)
+		r.errs = append(r.errs, errs...)
 		r.mu.Unlock()
 	}()
 	ctx := context.Background()
@@ -173,7 +176,8 @@ func (r *failoverRun) work(w int) {
 		v, err := r.eng.Check(ctx, engine.Request{Domain: "test", Attributes: map[string]string{"api_key": fmt.Sprintf("k%d", key)}, Cost: 1})
 		now := time.Now()
 		if err != nil {
-			panic(fmt.Sprintf("Check(k%d) = %v", key, err)) // a bad request: the test is wrong
+			errs = append(errs, fmt.Errorf("Check(k%d): %w", key, err))
+			return
 		}
 		a := answer{key: key, at: now, degraded: v.Degraded, allowed: v.Allowed}
 		if v.Allowed {
@@ -237,6 +241,9 @@ type failover struct {
 func (r *failoverRun) check(t *testing.T, f failover) {
 	t.Helper()
 	r.halt()
+	for _, err := range r.errs {
+		t.Errorf("%v, want no error", err)
+	}
 	answers := r.answers
 	sort.Slice(answers, func(i, j int) bool { return answers[i].at.Before(answers[j].at) })
 	since := func(at time.Time) time.Duration { return at.Sub(f.killed).Round(time.Millisecond) }
