@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -109,9 +110,13 @@ type Breaker struct {
 	name string
 	s    Settings
 
+	// clean is set while the breaker is closed with no failure counted: a call let
+	// through and its success then take no lock. It is written with mu held.
+	clean atomic.Bool
+
 	mu       sync.Mutex
 	state    State
-	gen      uint64        // counts state changes; a permit of an older one is stale
+	gen      atomic.Uint64 // counts state changes; a permit of an older one is stale. Written with mu held.
 	failures int           // consecutive, while closed
 	wait     time.Duration // the current wait between probes, while not closed
 	probeAt  time.Time     // when open: the earliest probe
@@ -120,7 +125,9 @@ type Breaker struct {
 
 // New returns a closed breaker called name.
 func New(name string, s Settings) *Breaker {
-	return &Breaker{name: name, s: s.withDefaults()}
+	b := &Breaker{name: name, s: s.withDefaults()}
+	b.clean.Store(true)
+	return b
 }
 
 // Name returns the breaker's name.
@@ -144,11 +151,14 @@ type Permit struct {
 // Allow lets a call through, or returns ErrOpen. A call let through while the breaker
 // is open (its wait over) is the probe: the breaker is half-open until it is Done.
 func (b *Breaker) Allow() (Permit, error) {
+	if b.clean.Load() {
+		return Permit{b: b, gen: b.gen.Load()}, nil
+	}
 	b.mu.Lock()
 	from := b.state
 	switch from {
 	case Closed:
-		p := Permit{b: b, gen: b.gen}
+		p := Permit{b: b, gen: b.gen.Load()}
 		b.mu.Unlock()
 		return p, nil
 	case Open:
@@ -164,7 +174,7 @@ func (b *Breaker) Allow() (Permit, error) {
 		}
 	}
 	b.probing = true
-	p := Permit{b: b, gen: b.gen, probe: true}
+	p := Permit{b: b, gen: b.gen.Load(), probe: true}
 	b.changed(from, HalfOpen) // unlocks
 	return p, nil
 }
@@ -173,11 +183,13 @@ func (b *Breaker) Allow() (Permit, error) {
 // state reports nothing. Done on the zero Permit does nothing.
 func (p Permit) Done(r Result) {
 	b := p.b
-	if b == nil {
-		return
+	if b == nil || !p.probe && r != Failure && b.clean.Load() {
+		return // nothing to count, or nothing to reset
 	}
 	b.mu.Lock()
-	if p.gen != b.gen || r == Ignore && !p.probe {
+	if p.gen != b.gen.Load() || !p.probe && (r == Ignore || b.state != Closed) {
+		// Stale, or let through without a lock as the breaker opened: only a probe
+		// speaks for a breaker that is not closed.
 		b.mu.Unlock()
 		return
 	}
@@ -189,12 +201,14 @@ func (p Permit) Done(r Result) {
 		return
 	case r == Success && from == Closed:
 		b.failures = 0
+		b.clean.Store(true)
 		b.mu.Unlock()
 		return
 	case r == Success:
 		b.failures, b.wait = 0, 0
 		b.set(Closed)
 	case from == Closed:
+		b.clean.Store(false)
 		if b.failures++; b.failures < b.s.Failures {
 			b.mu.Unlock()
 			return
@@ -216,8 +230,9 @@ func (b *Breaker) open(wait time.Duration) {
 // set moves the breaker to state. b.mu must be held.
 func (b *Breaker) set(s State) {
 	b.state = s
-	b.gen++
+	b.gen.Add(1)
 	b.probing = false
+	b.clean.Store(s == Closed && b.failures == 0)
 }
 
 // changed unlocks b.mu and calls OnChange.

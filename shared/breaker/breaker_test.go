@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -229,5 +230,43 @@ func TestDefaults(t *testing.T) {
 				t.Errorf("withDefaults() = %d, %v, %v; want %d, %v, %v", s.Failures, s.FirstProbe, s.OpenFor, tt.failures, tt.firstProbe, tt.capped)
 			}
 		})
+	}
+}
+
+// TestBreakerConcurrent runs calls from many goroutines while the node flips between
+// failing and healthy, for the race detector, and checks that the breaker ends closed
+// once every call succeeds.
+func TestBreakerConcurrent(t *testing.T) {
+	b := New("n", Settings{Failures: 3, FirstProbe: time.Microsecond, OpenFor: 10 * time.Microsecond})
+	var failing atomic.Bool
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 2000 {
+				if g == 0 && i%100 == 0 {
+					failing.Store(!failing.Load())
+				}
+				p, err := b.Allow()
+				if err != nil {
+					continue
+				}
+				if failing.Load() {
+					p.Done(Failure)
+				} else {
+					p.Done(Success)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	failing.Store(false)
+	deadline := time.Now().Add(time.Second)
+	for b.State() != Closed && time.Now().Before(deadline) {
+		if p, err := b.Allow(); err == nil {
+			p.Done(Success)
+		}
+	}
+	if got := b.State(); got != Closed {
+		t.Errorf("State() after successes = %v, want closed", got)
 	}
 }

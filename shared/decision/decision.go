@@ -424,7 +424,18 @@ type NodeJSON struct {
 func (h *handler) ready(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), time.Second)
 	defer cancel()
+	// The two checks run side by side: a dead node must not spend one's time on the
+	// other.
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if h.opts.Ready != nil {
+			err = h.opts.Ready(ctx)
+		}
+	}()
 	sts := h.eng.Health(ctx)
+	<-done
 	rr := ReadyResponse{Breaker: breaker.Worst(sts).String(), Nodes: make([]NodeJSON, len(sts))}
 	deciding := 0
 	for i, st := range sts {
@@ -434,10 +445,6 @@ func (h *handler) ready(w http.ResponseWriter, r *http.Request) {
 		} else if st.State == breaker.Closed {
 			deciding++
 		}
-	}
-	var err error
-	if h.opts.Ready != nil {
-		err = h.opts.Ready(ctx)
 	}
 	if err == nil && len(sts) > 0 && deciding == 0 {
 		err = errors.New("no Redis node can decide: every circuit breaker is open or every node failed its check")

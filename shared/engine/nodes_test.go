@@ -52,7 +52,9 @@ func TestClusterMasterKilled(t *testing.T) {
 				// that wants its healthy shards to keep deciding turns this off.
 				n.Do(t, "CONFIG", "SET", "cluster-require-full-coverage", "no")
 			}
-			store, err := redisstore.Open(redisstore.Config{URL: cl.URL(), Cluster: true})
+			// Commands get the decision's 2s too (not the default 100ms): on a loaded
+			// machine a healthy node may be slow, and slow is not what this test is about.
+			store, err := redisstore.Open(redisstore.Config{URL: cl.URL(), Cluster: true, Timeout: 2 * time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
