@@ -152,6 +152,9 @@ func (c *Cluster) learnRoles(ctx context.Context) error {
 		var masters []ClusterNode
 		c.nodes, c.replicas, c.Addrs = nil, nil, nil
 		for _, n := range nodes {
+			if c.server(n.Addr) == nil {
+				return fmt.Errorf("CLUSTER NODES names %q, not a node of the cluster", n.Addr)
+			}
 			switch {
 			case n.Has("master") && len(n.Slots) > 0:
 				masters = append(masters, n)
