@@ -84,6 +84,8 @@ type Settings struct {
 	// on every change, and with Closed, Closed when a Set creates a breaker. It is
 	// called without the breaker's lock held, and must not block.
 	OnChange func(name string, from, to State)
+	// OnRemove, when set, is called with the name of each breaker a Set drops.
+	OnRemove func(name string)
 	// Clock reads the time (default time.Now).
 	Clock func() time.Time
 }
@@ -287,15 +289,18 @@ func (s *Set) Get(node string) *Breaker {
 
 // Retain drops the breakers of nodes not in keep (nodes gone from the topology).
 func (s *Set) Retain(keep []string) {
+	var dropped []string
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	in := make(map[string]bool, len(keep))
-	for _, n := range keep {
-		in[n] = true
-	}
 	for n := range s.m {
-		if !in[n] {
+		if !slices.Contains(keep, n) {
 			delete(s.m, n)
+			dropped = append(dropped, n)
+		}
+	}
+	s.mu.Unlock()
+	if s.s.OnRemove != nil {
+		for _, n := range dropped {
+			s.s.OnRemove(n)
 		}
 	}
 }

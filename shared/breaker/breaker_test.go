@@ -173,7 +173,8 @@ func TestBreakerOnChange(t *testing.T) {
 }
 
 func TestSetStatesAndRetain(t *testing.T) {
-	set := NewSet(Settings{Failures: 1})
+	var removed []string
+	set := NewSet(Settings{Failures: 1, OnRemove: func(n string) { removed = append(removed, n) }})
 	for _, n := range []string{"c", "a", "b"} {
 		set.Get(n)
 	}
@@ -186,6 +187,9 @@ func TestSetStatesAndRetain(t *testing.T) {
 		t.Errorf("Worst() = %v, want open", got)
 	}
 	set.Retain([]string{"a", "c"})
+	if fmt.Sprint(removed) != "[b]" {
+		t.Errorf("OnRemove calls = %v, want [b]", removed)
+	}
 	if got := Worst(set.States()); got != Closed {
 		t.Errorf("Worst() after dropping b = %v, want closed", got)
 	}

@@ -51,10 +51,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// setBreaker sets node's breaker state. A node's series appear when the engine first
-// calls it, so there are three per node.
+// setBreaker sets node's breaker state, or with "" deletes its series. A node's
+// series appear when the engine first calls it and go when it leaves the topology,
+// so there are three per current node.
 func (m *Metrics) setBreaker(node, state string) {
 	for _, s := range []string{"closed", "half-open", "open"} {
+		if state == "" {
+			m.breaker.DeleteLabelValues(node, s)
+			continue
+		}
 		v := 0.0
 		if s == state {
 			v = 1

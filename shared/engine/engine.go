@@ -127,7 +127,8 @@ type Hooks struct {
 	// DenyCacheHit is called when the deny cache answers.
 	DenyCacheHit func()
 	// BreakerState is called with a node's name and its circuit breaker's new state
-	// when the breaker changes state, and with "closed" when it is created.
+	// when the breaker changes state, with "closed" when it is created, and with ""
+	// when the node has left the topology and its breaker is dropped.
 	BreakerState func(node, state string)
 }
 
@@ -191,6 +192,11 @@ func New(cfg Config) (*Engine, error) {
 			}
 			if e.hooks.BreakerState != nil {
 				e.hooks.BreakerState(node, to.String())
+			}
+		},
+		OnRemove: func(node string) {
+			if e.hooks.BreakerState != nil {
+				e.hooks.BreakerState(node, "")
 			}
 		},
 	}

@@ -106,48 +106,36 @@ func TestClusterMasterKilled(t *testing.T) {
 
 			var next atomic.Int64
 			var wrongMode atomic.Int64 // victim answers of the wrong failure mode
-			stop := make(chan struct{})
-			var wg sync.WaitGroup
-			for range 8 {
-				wg.Go(func() {
-					for i := 0; ; i++ {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						k := limited[(i/2)%nLimited]
-						if n := next.Add(1); i%2 == 1 && int(n) < len(fresh) {
-							k = fresh[n]
-						}
-						v, err := eng.Check(ctx, engine.Request{Domain: "test", Attributes: map[string]string{"api_key": k}, Cost: 1})
-						if err != nil {
-							t.Errorf("Check(%s) error %v", k, err)
-							return
-						}
-						tl := tallies[k]
-						switch {
-						case v.Degraded:
-							tl.degraded.Add(1)
-							if v.Allowed != (mode == "open") {
-								wrongMode.Add(1)
-							}
-						case v.Allowed:
-							tl.admitted.Add(1)
-						default:
-							tl.overLimit.Add(1)
-						}
-						time.Sleep(time.Millisecond)
+			stop := steadyLoad(8, time.Millisecond, func(_, i int) bool {
+				k := limited[(i/2)%nLimited]
+				if n := next.Add(1); i%2 == 1 && int(n) < len(fresh) {
+					k = fresh[n]
+				}
+				v, err := eng.Check(ctx, engine.Request{Domain: "test", Attributes: map[string]string{"api_key": k}, Cost: 1})
+				if err != nil {
+					t.Errorf("Check(%s) error %v", k, err)
+					return false
+				}
+				tl := tallies[k]
+				switch {
+				case v.Degraded:
+					tl.degraded.Add(1)
+					if v.Allowed != (mode == "open") {
+						wrongMode.Add(1)
 					}
-				})
-			}
+				case v.Allowed:
+					tl.admitted.Add(1)
+				default:
+					tl.overLimit.Add(1)
+				}
+				return true
+			})
 			time.Sleep(500 * time.Millisecond)
 			victim.Kill()
 			// Past the cluster's node timeout (2s), when the other masters mark the
 			// victim as failed.
 			time.Sleep(3500 * time.Millisecond)
-			close(stop)
-			wg.Wait()
+			stop()
 
 			var healthyDegraded, victimDegraded, healthyDecided int64
 			for k, tl := range tallies {
@@ -240,42 +228,30 @@ rules:
 			var mu sync.Mutex
 			var first, last time.Duration // of the failure-mode answers, since start
 			var degraded int
-			stop := make(chan struct{})
-			var wg sync.WaitGroup
-			for g := range 4 {
-				wg.Go(func() {
-					for i := 0; ; i++ {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						v, err := eng.Check(ctx, engine.Request{Domain: "test", Attributes: map[string]string{"api_key": fmt.Sprintf("k%d-%d", g, i)}, Cost: 1})
-						if err != nil {
-							t.Errorf("Check error %v", err)
-							return
-						}
-						if v.Degraded {
-							at := time.Since(start)
-							mu.Lock()
-							if degraded == 0 {
-								first = at
-							}
-							last = max(last, at)
-							degraded++
-							mu.Unlock()
-						}
-						time.Sleep(2 * time.Millisecond)
+			stop := steadyLoad(4, 2*time.Millisecond, func(g, i int) bool {
+				v, err := eng.Check(ctx, engine.Request{Domain: "test", Attributes: map[string]string{"api_key": fmt.Sprintf("k%d-%d", g, i)}, Cost: 1})
+				if err != nil {
+					t.Errorf("Check error %v", err)
+					return false
+				}
+				if v.Degraded {
+					at := time.Since(start)
+					mu.Lock()
+					if degraded == 0 {
+						first = at
 					}
-				})
-			}
+					last = max(last, at)
+					degraded++
+					mu.Unlock()
+				}
+				return true
+			})
 			time.Sleep(300 * time.Millisecond)
 			faultAt := time.Since(start)
 			tt.fault(t, srv)
 			faultEnd := time.Since(start)
 			time.Sleep(maxCost + time.Second)
-			close(stop)
-			wg.Wait()
+			stop()
 			if degraded == 0 {
 				t.Fatal("no failure-mode answer during the outage: the fault did not reach the store")
 			}
@@ -289,5 +265,32 @@ rules:
 				t.Errorf("BreakerState() after the outage = %q, want closed", got)
 			}
 		})
+	}
+}
+
+// steadyLoad calls fn(g, i) from n goroutines g, each for i = 0, 1, ... with pause
+// between calls, until fn returns false or the returned stop is called; stop waits
+// for the goroutines to end.
+func steadyLoad(n int, pause time.Duration, fn func(g, i int) bool) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if !fn(g, i) {
+					return
+				}
+				time.Sleep(pause)
+			}
+		})
+	}
+	return func() {
+		close(done)
+		wg.Wait()
 	}
 }

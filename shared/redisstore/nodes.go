@@ -91,8 +91,16 @@ var sickReplies = []string{"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYA
 // an error reply is up (MOVED, NOSCRIPT, a request's own WRONGTYPE), unless the reply
 // says it cannot decide now.
 func result(err error) breaker.Result {
+	if err == nil {
+		return breaker.Success
+	}
+	return errorResult(err)
+}
+
+// errorResult is result for an error; apart, so that a success allocates nothing.
+func errorResult(err error) breaker.Result {
 	var reply redis.Error
-	if err == nil || !errors.As(err, &reply) {
+	if !errors.As(err, &reply) {
 		return breaker.ResultOf(err)
 	}
 	for _, p := range sickReplies {
