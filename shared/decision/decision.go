@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/breaker"
 	"github.com/tollgate-dev/tollgate/shared/engine"
 )
 
@@ -394,16 +395,70 @@ func response(domain string, v engine.Verdict, limits []LimitJSON) CheckResponse
 	return cr
 }
 
+// ReadyResponse is the body of a /readyz answer.
+type ReadyResponse struct {
+	// Status is "ready" (every node can decide), "degraded" (some can: requests whose
+	// keys are on the others get the failure mode) or "not ready" (none can).
+	Status string `json:"status"`
+	// Breaker is the worst state of the circuit breakers.
+	Breaker string `json:"breaker"`
+	// Error is why the service is not ready.
+	Error string `json:"error,omitempty"`
+	// Nodes holds each Redis node's breaker and health check.
+	Nodes []NodeJSON `json:"nodes,omitempty"`
+}
+
+// NodeJSON is one Redis node in a /readyz answer.
+type NodeJSON struct {
+	Node    string `json:"node"`
+	Breaker string `json:"breaker"`
+	Error   string `json:"error,omitempty"`
+}
+
+// ready answers /readyz: 503 when no node can decide, so that a load balancer stops
+// sending to an instance that could only answer with the failure mode; 200 when at
+// least one can, "degraded" when some cannot. Every instance sees the same dead shard:
+// pulling them all would turn one shard's outage into a total one. The health check of
+// each node goes through its breaker and is the probe of a breaker whose wait is over,
+// so an instance the load balancer took out of service still recovers.
 func (h *handler) ready(w http.ResponseWriter, r *http.Request) {
-	if h.opts.Ready != nil {
-		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
-		defer cancel()
-		if err := h.opts.Ready(ctx); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "error": err.Error()})
-			return
+	ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+	defer cancel()
+	// The two checks run side by side: a dead node must not spend one's time on the
+	// other.
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if h.opts.Ready != nil {
+			err = h.opts.Ready(ctx)
+		}
+	}()
+	sts := h.eng.Health(ctx)
+	<-done
+	rr := ReadyResponse{Breaker: breaker.Worst(sts).String(), Nodes: make([]NodeJSON, len(sts))}
+	deciding := 0
+	for i, st := range sts {
+		rr.Nodes[i] = NodeJSON{Node: st.Node, Breaker: st.State.String()}
+		if st.Err != nil {
+			rr.Nodes[i].Error = st.Err.Error()
+		} else if st.State == breaker.Closed {
+			deciding++
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready", "breaker": h.eng.BreakerState()})
+	if err == nil && len(sts) > 0 && deciding == 0 {
+		err = errors.New("no Redis node can decide: every circuit breaker is open or every node failed its check")
+	}
+	status := http.StatusOK
+	switch {
+	case err != nil:
+		status, rr.Status, rr.Error = http.StatusServiceUnavailable, "not ready", err.Error()
+	case deciding < len(sts):
+		rr.Status = "degraded"
+	default:
+		rr.Status = "ready"
+	}
+	writeJSON(w, status, rr)
 }
 
 func (h *handler) admin(next http.HandlerFunc) http.HandlerFunc {

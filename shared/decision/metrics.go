@@ -41,24 +41,30 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "tollgate_failure_mode_activations_total", Help: "Requests decided by the failure mode because the store failed or the breaker was open.",
 		}, []string{"mode"}),
 		breaker: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "tollgate_breaker_state", Help: "1 for the circuit breaker's current state (closed, half-open, open).",
-		}, []string{"state"}),
+			Name: "tollgate_breaker_state", Help: "1 for each Redis node's circuit breaker's current state (closed, half-open, open).",
+		}, []string{"node", "state"}),
 		denyHits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tollgate_deny_cache_hits_total", Help: "Requests denied from the in-process deny cache without a store round trip.",
 		}),
 	}
 	reg.MustRegister(m.decisions, m.latency, m.redis, m.redisErrors, m.failureModes, m.breaker, m.denyHits)
-	m.setBreaker("closed")
 	return m
 }
 
-func (m *Metrics) setBreaker(state string) {
+// setBreaker sets node's breaker state, or with "" deletes its series. A node's
+// series appear when the engine first calls it and go when it leaves the topology,
+// so there are three per current node.
+func (m *Metrics) setBreaker(node, state string) {
 	for _, s := range []string{"closed", "half-open", "open"} {
+		if state == "" {
+			m.breaker.DeleteLabelValues(node, s)
+			continue
+		}
 		v := 0.0
 		if s == state {
 			v = 1
 		}
-		m.breaker.WithLabelValues(s).Set(v)
+		m.breaker.WithLabelValues(node, s).Set(v)
 	}
 }
 

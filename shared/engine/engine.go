@@ -14,9 +14,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/sony/gobreaker/v2"
-
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/breaker"
 	"github.com/tollgate-dev/tollgate/shared/memstore"
 	"github.com/tollgate-dev/tollgate/shared/policy"
 )
@@ -26,6 +25,25 @@ import (
 type Store interface {
 	Decide(ctx context.Context, c algo.Check) (algo.Outcome, error)
 }
+
+// NodeStore is a Store that keeps a circuit breaker per node (redisstore's Store and
+// Batcher), so that a failing node fails only the requests whose keys it holds. The
+// engine hands it the policy's breaker settings and keeps no breaker of its own; a
+// Store that is not a NodeStore is guarded by one breaker in the engine.
+type NodeStore interface {
+	Store
+	// UseBreakers makes the store's breakers take st.
+	UseBreakers(st breaker.Settings)
+	// Breakers returns the state of each node's breaker, without I/O.
+	Breakers() []breaker.Status
+	// Health checks every node through its breaker (the check probes a breaker whose
+	// wait is over) and returns each node's state and error.
+	Health(ctx context.Context) []breaker.Status
+}
+
+// storeNode names the engine's own breaker, in front of a Store that is not a
+// NodeStore.
+const storeNode = "store"
 
 // Request limits on what a caller may send; larger requests are rejected as
 // ErrBadRequest.
@@ -108,8 +126,10 @@ type Hooks struct {
 	FailureMode func(mode policy.FailureMode)
 	// DenyCacheHit is called when the deny cache answers.
 	DenyCacheHit func()
-	// BreakerState is called when the circuit breaker changes state.
-	BreakerState func(state string)
+	// BreakerState is called with a node's name and its circuit breaker's new state
+	// when the breaker changes state, with "closed" when it is created, and with ""
+	// when the node has left the topology and its breaker is dropped.
+	BreakerState func(node, state string)
 }
 
 // Config configures an Engine.
@@ -132,7 +152,8 @@ type Engine struct {
 	pol     *policy.Policy
 	store   Store
 	local   *memstore.Store
-	breaker *gobreaker.CircuitBreaker[algo.Outcome]
+	nodes   NodeStore        // the store, when it keeps a breaker per node
+	breaker *breaker.Breaker // in front of a store that is not a NodeStore
 	deny    *denyCache
 	clock   func() time.Time
 	log     *slog.Logger
@@ -162,30 +183,64 @@ func New(cfg Config) (*Engine, error) {
 		e.deny = newDenyCache(cfg.Policy.DenyCache.MaxEntries)
 	}
 	b := cfg.Policy.Failure.Breaker
-	e.breaker = gobreaker.NewCircuitBreaker[algo.Outcome](gobreaker.Settings{
-		Name:        "redis",
-		MaxRequests: 1,
-		Timeout:     b.OpenFor,
-		ReadyToTrip: func(c gobreaker.Counts) bool { return int(c.ConsecutiveFailures) >= max(1, b.Failures) },
-		IsSuccessful: func(err error) bool {
-			// A caller that went away is no sign of a sick store.
-			return err == nil || errors.Is(err, context.Canceled)
-		},
-		OnStateChange: func(_ string, from, to gobreaker.State) {
-			e.log.Warn("circuit breaker changed state", "from", from.String(), "to", to.String())
+	st := breaker.Settings{
+		Failures: max(1, b.Failures),
+		OpenFor:  b.OpenFor,
+		OnChange: func(node string, from, to breaker.State) {
+			if from != to {
+				e.log.Warn("circuit breaker changed state", "node", node, "from", from.String(), "to", to.String())
+			}
 			if e.hooks.BreakerState != nil {
-				e.hooks.BreakerState(to.String())
+				e.hooks.BreakerState(node, to.String())
 			}
 		},
-	})
+		OnRemove: func(node string) {
+			if e.hooks.BreakerState != nil {
+				e.hooks.BreakerState(node, "")
+			}
+		},
+	}
+	switch s := cfg.Store.(type) {
+	case nil:
+	case NodeStore:
+		e.nodes = s
+		s.UseBreakers(st)
+	default:
+		e.breaker = breaker.New(storeNode, st)
+		st.OnChange(storeNode, breaker.Closed, breaker.Closed)
+	}
 	return e, nil
 }
 
 // Policy returns the engine's policy.
 func (e *Engine) Policy() *policy.Policy { return e.pol }
 
-// BreakerState returns the circuit breaker's state: "closed", "half-open" or "open".
-func (e *Engine) BreakerState() string { return e.breaker.State().String() }
+// BreakerState returns the worst state of the circuit breakers: "closed",
+// "half-open" or "open" ("closed" with no store).
+func (e *Engine) BreakerState() string { return breaker.Worst(e.Breakers()).String() }
+
+// Breakers returns the state of each circuit breaker: one per node the store has
+// called, or the engine's own in front of a store without nodes, or none without a
+// store.
+func (e *Engine) Breakers() []breaker.Status {
+	switch {
+	case e.nodes != nil:
+		return e.nodes.Breakers()
+	case e.breaker != nil:
+		return []breaker.Status{{Node: storeNode, State: e.breaker.State()}}
+	}
+	return nil
+}
+
+// Health checks the store's nodes through their breakers and returns each one's
+// state and error (NodeStore.Health); for a store without nodes it returns the
+// engine's breaker, and without a store nothing.
+func (e *Engine) Health(ctx context.Context) []breaker.Status {
+	if e.nodes != nil {
+		return e.nodes.Health(ctx)
+	}
+	return e.Breakers()
+}
 
 // ValidateRequest reports a caller's mistake in r, wrapping ErrBadRequest and naming
 // the field.
@@ -320,27 +375,34 @@ func (e *Engine) decided(domain string, v Verdict, start time.Time) {
 }
 
 // decideInStore runs the check in the store, within the policy's timeout and behind
-// the circuit breaker.
+// the circuit breaker (the store's, per node, or the engine's own). A call a breaker
+// turns away is no store round trip: StoreCall does not see it.
 func (e *Engine) decideInStore(ctx context.Context, c algo.Check) (algo.Outcome, error) {
 	if e.store == nil {
 		return e.local.Decide(ctx, c)
 	}
-	return e.breaker.Execute(func() (algo.Outcome, error) {
-		t0 := time.Now()
-		bctx := newBudget(ctx, t0.Add(e.pol.Failure.Timeout))
-		out, err := e.store.Decide(bctx, c)
-		releaseBudget(bctx)
-		if e.hooks.StoreCall != nil {
-			e.hooks.StoreCall(time.Since(t0), err)
+	var p breaker.Permit
+	if e.breaker != nil {
+		var err error
+		if p, err = e.breaker.Allow(); err != nil {
+			return algo.Outcome{}, fmt.Errorf("engine: store: %w", err)
 		}
-		return out, err
-	})
+	}
+	t0 := time.Now()
+	bctx := newBudget(ctx, t0.Add(e.pol.Failure.Timeout))
+	out, err := e.store.Decide(bctx, c)
+	releaseBudget(bctx)
+	p.Done(breaker.ResultOf(err))
+	if e.hooks.StoreCall != nil && !errors.Is(err, breaker.ErrOpen) {
+		e.hooks.StoreCall(time.Since(t0), err)
+	}
+	return out, err
 }
 
 // failureMode decides a request whose store decision failed.
 func (e *Engine) failureMode(ctx context.Context, m matched, now int64, cause error) Verdict {
 	mode := e.pol.Failure.Mode
-	if !errors.Is(cause, gobreaker.ErrOpenState) && !errors.Is(cause, gobreaker.ErrTooManyRequests) {
+	if !errors.Is(cause, breaker.ErrOpen) {
 		e.log.Warn("store decision failed; applying the failure mode", "mode", string(mode), "err", cause)
 	}
 	if e.hooks.FailureMode != nil {

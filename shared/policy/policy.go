@@ -76,12 +76,14 @@ type Failure struct {
 	Breaker Breaker
 }
 
-// Breaker configures the circuit breaker: after Failures consecutive store failures the
-// breaker opens, decisions skip the store (following Failure.Mode) for OpenFor, and then
-// one half-open probe decides whether it closes again.
+// Breaker configures the circuit breakers, one per Redis node: after Failures
+// consecutive failures a node's breaker opens and requests for its keys skip it
+// (following Failure.Mode). It lets one probe through 200ms later (or after OpenFor, if
+// shorter); each failed probe doubles the wait, up to OpenFor, and a successful one
+// closes it.
 type Breaker struct {
 	Failures int           // default 5
-	OpenFor  time.Duration // default 5s
+	OpenFor  time.Duration // the longest wait between probes; default 5s
 }
 
 // Identity says how a client's address is derived (see ClientAddress).

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/breaker"
 )
 
 // Defaults of BatchConfig.
@@ -64,6 +65,7 @@ type Batcher struct {
 // call is one queued request.
 type call struct {
 	check    algo.Check
+	node     string             // the node that holds its keys
 	deadline time.Time          // zero: none
 	args     []any              // the EVALSHA command, reused between calls
 	cmd      *redis.IntSliceCmd // the EVALSHA in a pipeline
@@ -96,15 +98,42 @@ func NewBatcher(store *Store, cfg BatchConfig) (*Batcher, error) {
 // Store returns the store the batcher decides on.
 func (b *Batcher) Store() *Store { return b.store }
 
+// UseBreakers replaces the store's node breakers (Store.UseBreakers).
+func (b *Batcher) UseBreakers(st breaker.Settings) { b.store.UseBreakers(st) }
+
+// Breakers returns the state of the store's node breakers (Store.Breakers).
+func (b *Batcher) Breakers() []breaker.Status { return b.store.Breakers() }
+
+// Health checks the store's nodes (Store.Health).
+func (b *Batcher) Health(ctx context.Context) []breaker.Status { return b.store.Health(ctx) }
+
 // Decide decides every meter of c together, as Store.Decide does, sharing the round
 // trip with the requests in flight at the same time. It returns when the outcome is
 // known or ctx ends, whichever comes first; a request whose context ends after it was
 // sent may still have been charged, as with any command that times out. c must not be
 // modified until Decide returns.
+//
+// A request goes to its node through the node's circuit breaker, as with
+// Store.Decide: a request for a node whose breaker is open fails at once.
 func (b *Batcher) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) {
 	if len(c.Keys) != len(c.Meters) || len(c.Meters) == 0 || (b.store.cluster && !oneSlot(c.Keys)) {
 		return b.store.Decide(ctx, c)
 	}
+	node, err := b.store.nodeOf(ctx, c.Keys[0])
+	if err != nil {
+		return algo.Outcome{}, runError(c, err)
+	}
+	p, err := b.store.allow(node)
+	if err != nil {
+		return algo.Outcome{}, runError(c, err)
+	}
+	out, err := b.decide(ctx, c, node)
+	b.store.done(p, err)
+	return out, err
+}
+
+// decide is Decide for a request on node, let through by its breaker.
+func (b *Batcher) decide(ctx context.Context, c algo.Check, node string) (algo.Outcome, error) {
 	if b.maxBatch == 1 {
 		return b.lone(ctx, c)
 	}
@@ -121,6 +150,7 @@ func (b *Batcher) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error
 	}
 	cl := b.calls.Get().(*call)
 	cl.check = c
+	cl.node = node
 	cl.deadline, _ = ctx.Deadline()
 	b.queue = append(b.queue, cl)
 	var batch []*call
@@ -260,14 +290,47 @@ func (b *Batcher) flushLoop(batch []*call) {
 	}
 }
 
-// flush sends batch (as one call, or one pipeline) and hands every call its outcome.
+// flush sends batch (as one call, or one pipeline per node) and hands every call its
+// outcome. The pipelines of a cluster's nodes go out side by side, and each hands its
+// calls their outcomes when it ends: a slow or dead node delays only its own calls.
 func (b *Batcher) flush(batch []*call) {
-	ctx, cancel := batchContext(batch)
-	defer cancel()
 	if len(batch) > 1 && !b.store.cluster {
+		ctx, cancel := batchContext(batch)
+		defer cancel()
 		b.flushMany(ctx, batch)
 		return
 	}
+	groups := byNode(batch)
+	if len(groups) == 1 {
+		b.flushNode(batch)
+		return
+	}
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		wg.Go(func() { b.flushNode(g) })
+	}
+	wg.Wait()
+}
+
+// byNode groups batch by node, in order of first appearance.
+func byNode(batch []*call) [][]*call {
+	var groups [][]*call
+	for _, cl := range batch {
+		i := slices.IndexFunc(groups, func(g []*call) bool { return g[0].node == cl.node })
+		if i < 0 {
+			groups = append(groups, nil)
+			i = len(groups) - 1
+		}
+		groups[i] = append(groups[i], cl)
+	}
+	return groups
+}
+
+// flushNode sends batch, whose calls are all for one node, as one call or one
+// pipeline, and hands every call its outcome.
+func (b *Batcher) flushNode(batch []*call) {
+	ctx, cancel := batchContext(batch)
+	defer cancel()
 	for _, cl := range batch {
 		cl.args = b.args.command(cl.args[:0], b.store.scriptFor(cl.check.Meters).hash, cl.check)
 		cl.cmd = redis.NewIntSliceCmd(ctx, cl.args...)
@@ -354,7 +417,7 @@ func (b *Batcher) flushMany(ctx context.Context, batch []*call) {
 func (b *Batcher) release(cl *call) {
 	clear(cl.args)
 	cl.args = cl.args[:0]
-	cl.check, cl.out, cl.err, cl.deadline = algo.Check{}, algo.Outcome{}, nil, time.Time{}
+	cl.check, cl.out, cl.err, cl.deadline, cl.node = algo.Check{}, algo.Outcome{}, nil, time.Time{}, ""
 	b.calls.Put(cl)
 }
 

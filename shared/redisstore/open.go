@@ -81,6 +81,10 @@ func (c Config) Options() (*redis.UniversalOptions, error) {
 		MasterName:    master,
 		IsClusterMode: cluster,
 		MaxRetries:    -1,
+		// One dial per attempt: go-redis would otherwise dial a dead node five times,
+		// 100ms apart, inside each decision's budget and each slot-map reload; the
+		// node's circuit breaker decides when to try again.
+		DialerRetries: 1,
 		DialTimeout:   def(c.DialTimeout, 500*time.Millisecond),
 		ReadTimeout:   def(c.Timeout, 100*time.Millisecond),
 		WriteTimeout:  def(c.Timeout, 100*time.Millisecond),
@@ -135,7 +139,15 @@ func Open(c Config) (*Store, error) {
 	default:
 		client = redis.NewClient(o.Simple())
 	}
-	return New(client)
+	s, err := New(client)
+	if err != nil {
+		return nil, err
+	}
+	if o.MasterName != "" {
+		// The failover client follows the master; its breaker is the master's, by name.
+		s.node = "sentinel:" + o.MasterName
+	}
+	return s, nil
 }
 
 // Redact returns the URL without its password, for logs.

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/breaker"
 )
 
 // Store decides meters on Redis. A Store is safe for simultaneous use.
@@ -25,6 +26,9 @@ type Store struct {
 	many     *redis.Script // several requests in one call (the batcher, standalone)
 	manyHash any           // its SHA-1, boxed once
 	cluster  bool
+	cc       *redis.ClusterClient // the client, when it is a cluster's
+	node     string               // the node's name, when not a cluster
+	breakers atomic.Pointer[breaker.Set]
 	args     argCache // precomputed script arguments of the policy's meters
 	// sets holds, per set of algorithms, the decision script with only their Lua.
 	sets [algo.AllAlgorithms + 1]atomic.Pointer[setScript]
@@ -71,15 +75,21 @@ func New(client redis.UniversalClient) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: nil client")
 	}
-	_, cluster := client.(*redis.ClusterClient)
+	cc, cluster := client.(*redis.ClusterClient)
 	s := &Store{
 		client:  client,
 		decide:  redis.NewScript(algo.DecideScript()),
 		refund:  redis.NewScript(algo.RefundScript()),
 		many:    redis.NewScript(algo.DecideManyScript()),
 		cluster: cluster,
+		cc:      cc,
+		node:    "redis",
+	}
+	if c, ok := client.(*redis.Client); ok {
+		s.node = c.Options().Addr
 	}
 	s.manyHash = s.many.Hash()
+	s.UseBreakers(breaker.Settings{})
 	return s, nil
 }
 
@@ -99,30 +109,6 @@ func (s *Store) Preload(ctx context.Context) error {
 	return load(ctx, s.client)
 }
 
-// Ping checks that Redis answers and that the decision script is loaded (on every
-// master of a cluster).
-func (s *Store) Ping(ctx context.Context) error {
-	check := func(ctx context.Context, c redis.Scripter) error {
-		ok, err := s.decide.Exists(ctx, c).Result()
-		if err != nil {
-			return fmt.Errorf("redisstore: ping: %w", err)
-		}
-		if len(ok) == 0 || !ok[0] {
-			// Decisions load only the scripts of the algorithms they use (EVAL on
-			// NOSCRIPT); load the full set, as Preload does, so that readiness
-			// recovers by itself after a restart or SCRIPT FLUSH.
-			if err := s.load(ctx, c); err != nil {
-				return fmt.Errorf("redisstore: decision script not loaded: %w", err)
-			}
-		}
-		return nil
-	}
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return check(ctx, c) })
-	}
-	return check(ctx, s.client)
-}
-
 // Decide decides every meter of c together. On one node (or when every key shares a
 // cluster slot) it is one script: all meters are checked, then charged only if none
 // denies. When the keys of a cluster request fall in several slots, the slots are
@@ -137,13 +123,33 @@ func (s *Store) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) 
 	if len(c.Meters) == 0 {
 		return algo.Outcome{Allowed: true, Now: c.Now}, nil
 	}
-	if !s.cluster {
-		return s.run(ctx, c, false)
+	var groups [][]int
+	if s.cluster {
+		groups = slotGroups(c.Keys)
 	}
-	groups := slotGroups(c.Keys)
-	if len(groups) == 1 {
-		return s.run(ctx, c, false)
+	if len(groups) <= 1 {
+		p, err := s.allowKey(ctx, c.Keys[0])
+		if err != nil {
+			return algo.Outcome{}, runError(c, err)
+		}
+		out, err := s.run(ctx, c, false)
+		s.done(p, err)
+		return out, err
 	}
+	// Every node of the request must be let through before any slot is charged.
+	nodes := make([]string, len(groups))
+	for gi, g := range groups {
+		n, err := s.nodeOf(ctx, c.Keys[g[0]])
+		if err != nil {
+			return algo.Outcome{}, runError(c, err)
+		}
+		nodes[gi] = n
+	}
+	np, err := s.allowAll(nodes)
+	if err != nil {
+		return algo.Outcome{}, runError(c, err)
+	}
+	defer np.finish(s)
 	out := algo.Outcome{Allowed: true, Decisions: make([][]algo.Decision, len(c.Meters))}
 	var done []charged
 	for gi, g := range groups {
@@ -154,6 +160,7 @@ func (s *Store) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) 
 			sub.Cost = 0
 		}
 		rep, err := s.call(ctx, sub, out.Allowed)
+		np.record(nodes[gi], err)
 		if err != nil {
 			s.refundAll(ctx, done, c.Now)
 			return algo.Outcome{}, err

@@ -1,12 +1,16 @@
 // Package redistest starts real redis-server processes for tests.
 //
-// StartServer runs one standalone server and StartCluster a three-master
-// Redis Cluster, each on free loopback ports, in a directory from t.TempDir,
-// without persistence. Every process is killed and reaped when the test that
-// started it ends, whether it passed or not.
+// StartServer runs one standalone server, StartCluster a three-master Redis
+// Cluster (with replicas, if asked), and StartSentinel a master, a replica
+// and three Sentinels, each on free loopback ports, in a directory from
+// t.TempDir, without persistence. Every process is killed and reaped when the
+// test that started it ends, whether it passed or not. Helpers find the
+// master of a slot, and wait for a replica's promotion after a test kills
+// its master.
 //
-// When redis-server is not on PATH the test is skipped, unless the
-// environment has CI=true, in which case it fails: CI must install Redis.
+// When redis-server (or redis-sentinel) is not on PATH the test is skipped,
+// unless the environment has CI=true, in which case it fails: CI must
+// install Redis.
 package redistest
 
 import (
@@ -109,6 +113,10 @@ type Server struct {
 	cluster  bool
 	password string
 
+	// sentinelConf, when set, makes the process a Sentinel (redis-sentinel)
+	// that reads and rewrites this configuration file.
+	sentinelConf string
+
 	mu   sync.Mutex
 	cmd  *exec.Cmd     // nil when no process is running
 	done chan struct{} // closed when cmd has exited and been reaped
@@ -185,8 +193,19 @@ func (s *Server) startFresh(bus bool) error {
 	return fmt.Errorf("%d attempts: %w", startAttempts, err)
 }
 
-// argv is the redis-server command line for s.
+// binary is the program s runs.
+func (s *Server) binary() string {
+	if s.sentinelConf != "" {
+		return sentinelBinary
+	}
+	return serverBinary
+}
+
+// argv is the command line for s.
 func (s *Server) argv() []string {
+	if s.sentinelConf != "" {
+		return sentinelArgv(s)
+	}
 	args := []string{
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
@@ -214,8 +233,8 @@ func (s *Server) spawn() error {
 	if err != nil {
 		return fmt.Errorf("open log: %w", err)
 	}
-	fmt.Fprintf(logFile, "--- redistest: starting %s on %s\n", serverBinary, s.Addr)
-	cmd := exec.Command(serverBinary, s.argv()...)
+	fmt.Fprintf(logFile, "--- redistest: starting %s on %s\n", s.binary(), s.Addr)
+	cmd := exec.Command(s.binary(), s.argv()...)
 	cmd.Dir = s.dir
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
@@ -223,7 +242,7 @@ func (s *Server) spawn() error {
 	err = cmd.Start()
 	logFile.Close() // the child has its own copy
 	if err != nil {
-		return fmt.Errorf("run %s: %w", serverBinary, err)
+		return fmt.Errorf("run %s: %w", s.binary(), err)
 	}
 	done := make(chan struct{})
 	go func() {
@@ -234,7 +253,7 @@ func (s *Server) spawn() error {
 	s.cmd, s.done = cmd, done
 	s.mu.Unlock()
 
-	if err := waitReady(s.Addr, s.password, cmd.Process.Pid, done); err != nil {
+	if err := waitReady(s.binary(), s.Addr, s.password, cmd.Process.Pid, done); err != nil {
 		s.Kill()
 		if strings.Contains(s.lastLog(), "Address already in use") {
 			return fmt.Errorf("%s: %w", s.Addr, errPortInUse)
@@ -244,9 +263,9 @@ func (s *Server) spawn() error {
 	return nil
 }
 
-// waitReady polls addr until the redis-server with process id pid answers
-// PING, the process exits, or readyTimeout passes.
-func waitReady(addr, password string, pid int, exited <-chan struct{}) error {
+// waitReady polls addr until the program (redis-server or redis-sentinel)
+// with process id pid answers PING, the process exits, or readyTimeout passes.
+func waitReady(program, addr, password string, pid int, exited <-chan struct{}) error {
 	deadline := time.Now().Add(readyTimeout)
 	var lastErr error
 	for {
@@ -260,11 +279,11 @@ func waitReady(addr, password string, pid int, exited <-chan struct{}) error {
 		lastErr = err
 		select {
 		case <-exited:
-			return fmt.Errorf("%s exited before answering on %s", serverBinary, addr)
+			return fmt.Errorf("%s exited before answering on %s", program, addr)
 		case <-time.After(pollInterval):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not answering on %s after %v: %w", serverBinary, addr, readyTimeout, lastErr)
+			return fmt.Errorf("%s not answering on %s after %v: %w", program, addr, readyTimeout, lastErr)
 		}
 	}
 }
@@ -423,7 +442,7 @@ func (s *Server) lastLog() string {
 // logStartFailure prints the log of the failed start through t.Logf.
 func (s *Server) logStartFailure(t testing.TB) {
 	t.Helper()
-	t.Logf("redistest: %s log (%s):\n%s", serverBinary, s.logPath, s.lastLog())
+	t.Logf("redistest: %s log (%s):\n%s", s.binary(), s.logPath, s.lastLog())
 }
 
 // URL returns the server's address as "redis://127.0.0.1:PORT", with the
@@ -511,31 +530,44 @@ func (s *Server) Restart(t testing.TB) {
 	}
 }
 
-// Cluster is a Redis Cluster of three masters without replicas, on loopback.
+// Cluster is a Redis Cluster of three masters, each with the replicas
+// WithReplicas asks for (none by default), on loopback.
 type Cluster struct {
-	// Addrs are the masters' "127.0.0.1:PORT" addresses.
+	// Addrs are the masters' "127.0.0.1:PORT" addresses, as they were when
+	// the cluster started, in slot order.
 	Addrs []string
 
-	nodes []*Server
+	nodes    []*Server // the masters at start, in the order of Addrs
+	replicas []*Server // the replicas at start
+	all      []*Server // every node, in start order
 }
 
-// StartCluster starts three cluster-enabled redis-server processes, joins
-// them with `redis-cli --cluster create`, and waits until every node reports
-// cluster_state:ok with all 16384 slots covered. The processes are killed
-// when t ends.
-func StartCluster(t testing.TB) *Cluster {
+// StartCluster starts three cluster-enabled redis-server processes (and
+// their replicas, with WithReplicas), joins them with `redis-cli --cluster
+// create`, and waits until every node reports cluster_state:ok with all
+// 16384 slots covered and every replica is in sync with its master. The
+// processes are killed when t ends.
+func StartCluster(t testing.TB, opts ...ClusterOption) *Cluster {
 	t.Helper()
 	requireBinaries(t, serverBinary, cliBinary)
-
-	nodes := make([]*Server, clusterSize)
-	for i := range nodes {
-		nodes[i] = newServer(t, nil, true)
+	var o clusterOptions
+	for _, opt := range opts {
+		opt(&o)
 	}
-	ports, err := freePorts(clusterSize, true)
+	if o.replicas < 0 {
+		t.Fatalf("redistest: WithReplicas(%d): want at least 0", o.replicas)
+	}
+
+	n := clusterSize * (1 + o.replicas)
+	nodes := make([]*Server, n)
+	for i := range nodes {
+		nodes[i] = newServer(t, o.args, true)
+	}
+	ports, err := freePorts(n, true)
 	if err != nil {
 		t.Fatalf("redistest: pick cluster ports: %v", err)
 	}
-	errs := make([]error, clusterSize)
+	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i, node := range nodes {
 		node.setPort(ports[i])
@@ -557,21 +589,25 @@ func StartCluster(t testing.TB) *Cluster {
 		}
 	}
 
-	c := &Cluster{nodes: nodes}
+	c := &Cluster{all: nodes}
+	var addrs []string
 	for _, node := range nodes {
-		c.Addrs = append(c.Addrs, node.Addr)
+		addrs = append(addrs, node.Addr)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
 	defer cancel()
-	args := append([]string{"--cluster", "create"}, c.Addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", strconv.Itoa(o.replicas), "--cluster-yes")
 	out, err := exec.CommandContext(ctx, cliBinary, args...).CombinedOutput()
 	if err != nil {
 		t.Logf("redistest: %s %s:\n%s", cliBinary, strings.Join(args, " "), out)
 		t.Fatalf("redistest: create cluster: %v", err)
 	}
 	if err := c.waitOK(ctx); err != nil {
-		t.Fatalf("redistest: cluster on %v: %v", c.Addrs, err)
+		t.Fatalf("redistest: cluster on %v: %v", addrs, err)
+	}
+	if err := c.learnRoles(ctx); err != nil {
+		t.Fatalf("redistest: cluster on %v: %v", addrs, err)
 	}
 	return c
 }
@@ -583,17 +619,17 @@ func (c *Cluster) waitOK(ctx context.Context) error {
 		"cluster_state":          "ok",
 		"cluster_slots_assigned": strconv.Itoa(clusterSlots),
 		"cluster_slots_ok":       strconv.Itoa(clusterSlots),
-		"cluster_known_nodes":    strconv.Itoa(len(c.Addrs)),
+		"cluster_known_nodes":    strconv.Itoa(len(c.all)),
 	}
-	for _, addr := range c.Addrs {
+	for _, node := range c.all {
 		for {
-			err := checkClusterInfo(addr, want)
+			err := checkClusterInfo(node.Addr, want)
 			if err == nil {
 				break
 			}
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("%s: %w", addr, err)
+				return fmt.Errorf("%s: %w", node.Addr, err)
 			case <-time.After(pollInterval):
 			}
 		}
@@ -642,8 +678,8 @@ func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 	return cc
 }
 
-// Nodes returns the cluster's masters, in the order of Addrs, so that a
-// test can Kill or Restart one.
+// Nodes returns the cluster's masters as they were at start, in the order
+// of Addrs, so that a test can Kill or Restart one.
 func (c *Cluster) Nodes() []*Server {
 	return append([]*Server(nil), c.nodes...)
 }
