@@ -455,3 +455,34 @@ func TestConnectionCap(t *testing.T) {
 		t.Fatalf("serve() after shutdown = %v, want nil", err)
 	}
 }
+
+// TestIdleConnectionsClosed checks that a keep-alive connection left idle after an
+// answer is closed by the server once --idle-timeout passes.
+func TestIdleConnectionsClosed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	limits := defaultServerLimits
+	limits.IdleTimeout = 200 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go serve(ctx, ln, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), limits, slog.New(slog.NewTextHandler(io.Discard, nil)))
+
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: tollgate\r\n\r\n")
+	r := bufio.NewReader(c)
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil || resp.Close {
+		t.Fatalf("GET / = %v, %v, want a keep-alive answer", resp, err)
+	}
+	resp.Body.Close()
+	c.SetReadDeadline(time.Now().Add(30 * time.Second)) // far beyond the idle timeout
+	if b, err := io.ReadAll(r); len(b) > 0 || isTimeout(err) {
+		t.Errorf("idle keep-alive connection read %q, %v, want it closed by the server", b, err)
+	}
+}
