@@ -142,72 +142,60 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	return c, nil
 }
 
-// serverFlags are the names of serverLimits' flags and variables, in field order.
-var serverFlags = [...]struct{ flag, env string }{
-	{"read-timeout", "TOLLGATE_READ_TIMEOUT"},
-	{"write-timeout", "TOLLGATE_WRITE_TIMEOUT"},
-	{"idle-timeout", "TOLLGATE_IDLE_TIMEOUT"},
-	{"max-conns", "TOLLGATE_MAX_CONNS"},
-	{"shutdown-grace", "TOLLGATE_SHUTDOWN_GRACE"},
+// A durationLimit is one of serverLimits' durations with its flag and variable.
+type durationLimit struct {
+	flag, env, usage string
+	value            *time.Duration
 }
 
-// durations returns l's duration fields with their flag names.
-func (l *serverLimits) durations() map[string]*time.Duration {
-	return map[string]*time.Duration{
-		"read-timeout":   &l.ReadTimeout,
-		"write-timeout":  &l.WriteTimeout,
-		"idle-timeout":   &l.IdleTimeout,
-		"shutdown-grace": &l.ShutdownGrace,
+// durations lists l's durations, pointing into l.
+func (l *serverLimits) durations() []durationLimit {
+	return []durationLimit{
+		{"read-timeout", "TOLLGATE_READ_TIMEOUT", "time a whole request, headers and body, may take to arrive", &l.ReadTimeout},
+		{"write-timeout", "TOLLGATE_WRITE_TIMEOUT", "time from a request's headers to the end of its answer", &l.WriteTimeout},
+		{"idle-timeout", "TOLLGATE_IDLE_TIMEOUT", "time a keep-alive connection may wait for its next request", &l.IdleTimeout},
+		{"shutdown-grace", "TOLLGATE_SHUTDOWN_GRACE", "time SIGTERM gives requests in flight before closing every connection", &l.ShutdownGrace},
 	}
 }
 
 // fromEnv reads the limits' environment variables through getenv.
 func (l *serverLimits) fromEnv(getenv func(string) string) error {
-	ds := l.durations()
-	for _, f := range serverFlags {
-		v := getenv(f.env)
-		if v == "" {
-			continue
-		}
-		if f.flag == "max-conns" {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return fmt.Errorf("%s=%q: want a whole number of connections, such as 2048", f.env, v)
+	for _, d := range l.durations() {
+		if v := getenv(d.env); v != "" {
+			var err error
+			if *d.value, err = time.ParseDuration(v); err != nil {
+				return fmt.Errorf("%s=%q: want a duration such as 5s or 500ms", d.env, v)
 			}
-			l.MaxConns = n
-			continue
 		}
-		d, err := time.ParseDuration(v)
+	}
+	if v := getenv("TOLLGATE_MAX_CONNS"); v != "" {
+		n, err := strconv.Atoi(v)
 		if err != nil {
-			return fmt.Errorf("%s=%q: want a duration such as 5s or 500ms", f.env, v)
+			return fmt.Errorf("TOLLGATE_MAX_CONNS=%q: want a whole number of connections, such as 2048", v)
 		}
-		*ds[f.flag] = d
+		l.MaxConns = n
 	}
 	return nil
 }
 
 // flags defines the limits' flags on fs, defaulting to their current values.
 func (l *serverLimits) flags(fs *flag.FlagSet) {
-	fs.DurationVar(&l.ReadTimeout, "read-timeout", l.ReadTimeout, "time a whole request, headers and body, may take to arrive (env TOLLGATE_READ_TIMEOUT)")
-	fs.DurationVar(&l.WriteTimeout, "write-timeout", l.WriteTimeout, "time from a request's headers to the end of its answer (env TOLLGATE_WRITE_TIMEOUT)")
-	fs.DurationVar(&l.IdleTimeout, "idle-timeout", l.IdleTimeout, "time a keep-alive connection may wait for its next request (env TOLLGATE_IDLE_TIMEOUT)")
+	for _, d := range l.durations() {
+		fs.DurationVar(d.value, d.flag, *d.value, d.usage+" (env "+d.env+")")
+	}
 	fs.IntVar(&l.MaxConns, "max-conns", l.MaxConns, "most open connections; more wait to be accepted (env TOLLGATE_MAX_CONNS)")
-	fs.DurationVar(&l.ShutdownGrace, "shutdown-grace", l.ShutdownGrace, "time SIGTERM gives requests in flight before closing every connection (env TOLLGATE_SHUTDOWN_GRACE)")
 }
 
 // validate names the first limit out of range, with its flag and variable.
 func (l *serverLimits) validate() error {
-	ds := l.durations()
-	for _, f := range serverFlags {
-		if f.flag == "max-conns" {
-			if l.MaxConns < 1 {
-				return fmt.Errorf("--max-conns (%s) = %d: want at least 1, such as 2048", f.env, l.MaxConns)
-			}
-			continue
+	def := defaultServerLimits
+	for i, d := range l.durations() {
+		if *d.value <= 0 {
+			return fmt.Errorf("--%s (%s) = %v: want a positive duration, such as %v", d.flag, d.env, *d.value, *def.durations()[i].value)
 		}
-		if d := *ds[f.flag]; d <= 0 {
-			return fmt.Errorf("--%s (%s) = %v: want a positive duration, such as %v", f.flag, f.env, d, *defaultServerLimits.durations()[f.flag])
-		}
+	}
+	if l.MaxConns < 1 {
+		return fmt.Errorf("--max-conns (TOLLGATE_MAX_CONNS) = %d: want at least 1, such as %d", l.MaxConns, def.MaxConns)
 	}
 	return nil
 }
