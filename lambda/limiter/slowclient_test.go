@@ -30,6 +30,11 @@ import (
 // requireDescriptors skips (fails under CI=true) where that is still too low.
 const slowConns = 1000
 
+// goroutineSlack is how far above its baseline the server's goroutine count may read
+// once the slow clients are gone: the connections the test itself has just used to
+// ask (GET /metrics, a decision) may still be closing.
+const goroutineSlack = 5
+
 // checkBody is a request body of the default policy, 55 bytes long like the probe's.
 const checkBody = `{"domain":"public-api","attributes":{"api_key":"k1"}}  `
 
@@ -267,17 +272,18 @@ func TestSlowClientsAreClosed(t *testing.T) {
 		}
 	}
 	baseG, baseRSS := p.goroutines(t), p.rssKiB(t)
-	var after [2]int
+	var after, peak [2]int
 	for wave := range after {
 		peakG, peakRSS, answered := p.slowWave(t)
+		peak[wave] = peakRSS
 		if peakG < baseG+slowConns*9/10 {
 			t.Fatalf("wave %d: goroutines peaked at %d from %d: the slow clients were never held, so this test proves nothing", wave, peakG, baseG)
 		}
 		g, rss := p.settle(t, baseG, baseRSS)
 		after[wave] = rss
 		t.Logf("wave %d: goroutines %d -> %d -> %d; RSS %d -> %d -> %d KiB; %d decisions answered meanwhile", wave, baseG, peakG, g, baseRSS, peakRSS, rss, answered)
-		if g > baseG+2 {
-			t.Errorf("wave %d: goroutines = %d after the slow clients left, want the baseline %d (+2)", wave, g, baseG)
+		if g > baseG+goroutineSlack {
+			t.Errorf("wave %d: goroutines = %d after the slow clients left, want the baseline %d (+%d)", wave, g, baseG, goroutineSlack)
 		}
 		// Go keeps some of what it allocated (goroutine descriptors, span metadata,
 		// pages it has yet to scavenge), so RSS settles a little above the baseline.
@@ -285,8 +291,9 @@ func TestSlowClientsAreClosed(t *testing.T) {
 			t.Errorf("wave %d: RSS = %d KiB after the slow clients left, want at most %d KiB (the baseline %d + 40%%)", wave, rss, limit, baseRSS)
 		}
 	}
-	if grew := after[1] - after[0]; grew > baseRSS/10 {
-		t.Errorf("RSS grew %d KiB from the first wave to the second (%d -> %d), want at most %d: memory held per connection is not reused", grew, after[0], after[1], baseRSS/10)
+	// A leak would keep what the wave added at its peak; allow a quarter of that.
+	if grew, limit := after[1]-after[0], (peak[0]-baseRSS)/4; grew > limit {
+		t.Errorf("RSS grew %d KiB from the first wave to the second (%d -> %d), want at most %d: memory held per connection is not reused", grew, after[0], after[1], limit)
 	}
 }
 
@@ -328,7 +335,7 @@ func (p *process) slowWave(t *testing.T) (peakG, peakRSS, answered int) {
 }
 
 // settle keeps deciding (each decision allocates, so the heap gets collected and
-// scavenged) until the goroutines are back to baseG and RSS to within 30% of
+// scavenged) until the goroutines are back to baseG (+goroutineSlack) and RSS to within 30% of
 // baseRSS, or for 20 seconds at most, and returns the last goroutines and RSS.
 func (p *process) settle(t *testing.T, baseG, baseRSS int) (g, rss int) {
 	t.Helper()
@@ -337,7 +344,7 @@ func (p *process) settle(t *testing.T, baseG, baseRSS int) (g, rss int) {
 			t.Fatal(err)
 		}
 		g, rss = p.goroutines(t), p.rssKiB(t)
-		if g <= baseG+2 && rss <= baseRSS+baseRSS*3/10 || time.Now().After(deadline) {
+		if g <= baseG+goroutineSlack && rss <= baseRSS+baseRSS*3/10 || time.Now().After(deadline) {
 			return g, rss
 		}
 	}
