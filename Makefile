@@ -5,7 +5,7 @@ GO ?= go
 POLICY ?= lambda/policy.yaml
 LISTEN ?= 127.0.0.1:8080
 
-.PHONY: all run demo test test-go wasm-check lint fmt tf-check bench package invoke wasm
+.PHONY: all run demo test test-go deps wasm-check lint fmt tf-check bench package invoke wasm
 
 all: test
 
@@ -22,9 +22,13 @@ demo:
 	$(GO) run ./scripts/demo --url http://127.0.0.1:18089
 
 ## test: the whole suite: vet, race-enabled tests on real redis-server, the wasip1 build, Terraform checks
-test: lint wasm-check test-go tf-check
+test: deps lint wasm-check test-go tf-check
 
-test-go:
+## deps: install what the tests run (redis-server, redis-cli, redis-sentinel) when missing and possible
+deps:
+	scripts/deps.sh
+
+test-go: deps
 	$(GO) test -race -count=1 -timeout 15m ./...
 
 ## wasm-check: shared/algo and shared/memstore compile for GOOS=wasip1, and the filter builds as the plugin Envoy loads

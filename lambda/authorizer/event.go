@@ -70,6 +70,9 @@ type request struct {
 	principal string
 	// usageKey is the raw API key or token, for usageIdentifierKey. Never log it.
 	usageKey string
+	// addrFallback reports that X-Forwarded-For was sent but its trusted entry was
+	// missing, blank or not an address, so remote_address is the event's source IP.
+	addrFallback bool
 }
 
 // probe holds the fields that tell the event shapes apart.
@@ -153,6 +156,7 @@ func (x extractor) fromRESTRequest(ev events.APIGatewayCustomAuthorizerRequestTy
 	}
 	if peer := ev.RequestContext.Identity.SourceIP; peer != "" {
 		r.attrs[attrRemoteAddress] = policy.ClientAddress(peer, h.xff, x.identity)
+		_, r.addrFallback = policy.TrustedHop(h.xff, x.identity)
 	}
 	set(r.attrs, attrMethod, first(ev.HTTPMethod, ev.RequestContext.HTTPMethod))
 	set(r.attrs, attrPath, first(ev.Resource, ev.RequestContext.ResourcePath, ev.Path))
@@ -192,6 +196,7 @@ func (x extractor) fromHTTPV2(ev events.APIGatewayV2CustomAuthorizerV2Request) (
 	h := x.scan(ev.Headers, r.attrs)
 	if peer := ev.RequestContext.HTTP.SourceIP; peer != "" {
 		r.attrs[attrRemoteAddress] = policy.ClientAddress(peer, h.xff, x.identity)
+		_, r.addrFallback = policy.TrustedHop(h.xff, x.identity)
 	}
 	set(r.attrs, attrMethod, ev.RequestContext.HTTP.Method)
 	set(r.attrs, attrPath, routePath(first(ev.RouteKey, ev.RequestContext.RouteKey), first(ev.RawPath, ev.RequestContext.HTTP.Path)))

@@ -117,19 +117,19 @@ func (h *Handler) Handle(ctx context.Context, raw []byte) (any, error) {
 	r, err := h.x.decode(raw)
 	if err != nil {
 		h.log.Warn("cannot answer the event", "request_id", reqID, "err", err)
-		h.metrics.record(start, "none", resultBadEvent, false)
+		h.metrics.record(start, "none", resultBadEvent, false, false)
 		return nil, err
 	}
 	if h.unauthorized(r) {
 		h.log.Info("unauthorized: no API key or token, and no rule limits the request without one",
 			"request_id", reqID, "event", r.shape.String(), "principal", r.principal)
-		h.metrics.record(start, "none", resultUnauthorized, false)
+		h.metrics.record(start, "none", resultUnauthorized, false, r.addrFallback)
 		return nil, ErrUnauthorized
 	}
 	v, err := h.eng.Check(ctx, engine.Request{Domain: h.domain, Attributes: r.attrs, Cost: 1})
 	if err != nil {
 		h.log.Error("decision failed", "request_id", reqID, "event", r.shape.String(), "err", err)
-		h.metrics.record(start, "none", resultError, false)
+		h.metrics.record(start, "none", resultError, false, r.addrFallback)
 		return nil, fmt.Errorf("authorizer: decide: %w", err)
 	}
 	result := resultAllowed
@@ -139,7 +139,7 @@ func (h *Handler) Handle(ctx context.Context, raw []byte) (any, error) {
 	case !v.Allowed:
 		result = resultDenied
 	}
-	h.metrics.record(start, v.Rule, result, v.Degraded)
+	h.metrics.record(start, v.Rule, result, v.Degraded, r.addrFallback)
 	h.log.Debug("decided", "request_id", reqID, "event", r.shape.String(), "principal", r.principal,
 		"result", result, "rule", v.Rule, "degraded", v.Degraded)
 	c := decisionContext(v)
@@ -268,23 +268,28 @@ func decisionContext(v engine.Verdict) map[string]any {
 }
 
 // metrics writes one EMF line per invocation: Decisions by Function, Rule and
-// Result; DecisionLatency and FailureModeActivations by Function.
+// Result; DecisionLatency, FailureModeActivations and IdentityFallbacks (an
+// X-Forwarded-For whose trusted entry was unusable, see policy.TrustedHop) by
+// Function.
 type metrics struct {
 	emf      *emf.Logger
 	function string
 	log      *slog.Logger
 }
 
-func (m *metrics) record(start time.Time, rule, result string, degraded bool) {
+func (m *metrics) record(start time.Time, rule, result string, degraded, addrFallback bool) {
 	if m == nil {
 		return
 	}
 	if rule == "" {
 		rule = "none"
 	}
-	activations := 0.0
+	activations, fallbacks := 0.0, 0.0
 	if degraded {
 		activations = 1
+	}
+	if addrFallback {
+		fallbacks = 1
 	}
 	now := time.Now()
 	err := m.emf.Write(emf.Line{
@@ -295,6 +300,7 @@ func (m *metrics) record(start time.Time, rule, result string, degraded bool) {
 			{Dimensions: [][]string{{"Function"}}, Metrics: []emf.Metric{
 				{Name: "DecisionLatency", Unit: emf.Milliseconds, Value: float64(now.Sub(start).Microseconds()) / 1000},
 				{Name: "FailureModeActivations", Unit: emf.Count, Value: activations},
+				{Name: "IdentityFallbacks", Unit: emf.Count, Value: fallbacks},
 			}},
 		},
 	})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -761,5 +762,46 @@ func TestAnonymousLogin(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestBlankForwardedFor sends ten clients through one trusted proxy that writes a
+// blank last X-Forwarded-For entry ("203.0.113.5, "). Each must be limited by its own
+// source IP — one request allowed, the second denied — and every such request must
+// count one IdentityFallbacks; a well-formed header counts none.
+func TestBlankForwardedFor(t *testing.T) {
+	t.Parallel()
+	perIP := `{"domain": "d", "identity": {"trusted_proxies": 1}, "rules": [{"name": "per-ip", "match": {"remote_address": "*"}, "limits": [{"algorithm": "fixed_window", "rate": "1/min"}]}]}`
+	ta := newTestApp(t, map[string]string{"TOLLGATE_POLICY_JSON": perIP})
+	send := func(s shape, ip, xff string) (answer, float64) {
+		t.Helper()
+		var ev map[string]any
+		if err := json.Unmarshal(testRequest{shape: s, method: "GET", path: "/items", ip: ip}.event(t), &ev); err != nil {
+			t.Fatal(err)
+		}
+		ev["headers"].(map[string]any)["X-Forwarded-For"] = xff
+		raw, _ := json.Marshal(ev)
+		m, err := ta.invoke(t, raw)
+		if err != nil {
+			t.Fatalf("Invoke(%s from %s, X-Forwarded-For %q) error = %v", s, ip, xff, err)
+		}
+		fallbacks, _ := lastMetric(t, ta.metrics.String())["IdentityFallbacks"].(float64)
+		return readAnswer(t, s, m), fallbacks
+	}
+	for _, s := range []shape{restRequest, httpV2} {
+		for i := range 10 {
+			ip := fmt.Sprintf("192.0.2.%d", 10*int(s)+i)
+			first, fb := send(s, ip, "203.0.113.5, ")
+			second, _ := send(s, ip, "203.0.113.5, ")
+			if !first.allowed || second.allowed {
+				t.Errorf("%s client %s: Check() twice = allowed %v, %v, want true, false (its own limit of 1/min)", s, ip, first.allowed, second.allowed)
+			}
+			if fb != 1 {
+				t.Errorf("%s client %s: IdentityFallbacks = %v, want 1", s, ip, fb)
+			}
+		}
+	}
+	if a, fb := send(restRequest, "10.0.0.1", "198.51.100.77"); !a.allowed || fb != 0 {
+		t.Errorf("well-formed X-Forwarded-For: allowed %v, IdentityFallbacks %v, want true, 0", a.allowed, fb)
 	}
 }

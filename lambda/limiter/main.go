@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -44,6 +45,45 @@ type config struct {
 	// Auth is the ElastiCache authentication: REDIS_AUTH_SECRET_ARN, or
 	// REDIS_IAM_USER + REDIS_CACHE_NAME (+ REDIS_IAM_SERVERLESS).
 	Auth awsredis.Auth
+	// Server bounds what one connection may hold when the service listens itself
+	// (not on Lambda, where the runtime owns the connections).
+	Server serverLimits
+}
+
+// serverLimits bound the plain HTTP server, so that slow or idle clients cannot hold
+// it: every duration must be positive, MaxConns at least 1.
+type serverLimits struct {
+	// ReadTimeout is the time a whole request, headers and body, may take to arrive
+	// (TOLLGATE_READ_TIMEOUT / --read-timeout, default 5s). A body is at most 16 KiB,
+	// which a caller on the same network sends in well under a millisecond: 5s is
+	// generous, and caps how long a client trickling bytes keeps its connection.
+	// The policy's failure.timeout bounds the decision that follows, not the read.
+	ReadTimeout time.Duration
+	// WriteTimeout is the time from the end of the request's headers to the end of
+	// the answer (TOLLGATE_WRITE_TIMEOUT / --write-timeout, default 10s). It covers
+	// the body read and the decision, so it must exceed ReadTimeout plus the policy's
+	// failure.timeout (checked at start).
+	WriteTimeout time.Duration
+	// IdleTimeout is how long a keep-alive connection may wait for its next request
+	// (TOLLGATE_IDLE_TIMEOUT / --idle-timeout, default 60s).
+	IdleTimeout time.Duration
+	// MaxConns caps open connections (TOLLGATE_MAX_CONNS / --max-conns, default
+	// 2048); further connections wait in the kernel's accept queue until one closes.
+	// Each open connection costs a goroutine and its buffers, some 20 KiB.
+	MaxConns int
+	// ShutdownGrace is how long SIGTERM waits for requests in flight before it
+	// closes every connection left (TOLLGATE_SHUTDOWN_GRACE / --shutdown-grace,
+	// default 5s).
+	ShutdownGrace time.Duration
+}
+
+// defaultServerLimits are the limits of a service configured with none.
+var defaultServerLimits = serverLimits{
+	ReadTimeout:   5 * time.Second,
+	WriteTimeout:  10 * time.Second,
+	IdleTimeout:   60 * time.Second,
+	MaxConns:      2048,
+	ShutdownGrace: 5 * time.Second,
 }
 
 // loadConfig reads the environment through getenv, then the flags in args.
@@ -56,6 +96,10 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 		AdminToken: getenv("TOLLGATE_ADMIN_TOKEN"),
 		OnLambda:   getenv("AWS_LAMBDA_RUNTIME_API") != "",
 		Batch:      true,
+		Server:     defaultServerLimits,
+	}
+	if err := c.Server.fromEnv(getenv); err != nil {
+		return c, err
 	}
 	if v := getenv("TOLLGATE_BATCH"); v != "" {
 		b, err := strconv.ParseBool(v)
@@ -82,7 +126,11 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	fs := flag.NewFlagSet("limiter", flag.ContinueOnError)
 	fs.StringVar(&c.Listen, "listen", c.Listen, "address to listen on (env TOLLGATE_LISTEN)")
 	fs.StringVar(&c.PolicyPath, "policy", c.PolicyPath, "policy file, YAML or JSON (env TOLLGATE_POLICY)")
+	c.Server.flags(fs)
 	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if err := c.Server.validate(); err != nil {
 		return c, err
 	}
 	if c.PolicyPath == "" && c.PolicyJSON == "" {
@@ -92,6 +140,73 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 		}
 	}
 	return c, nil
+}
+
+// A durationLimit is one of serverLimits' durations with its flag and variable.
+type durationLimit struct {
+	flag, env, usage string
+	value            *time.Duration
+}
+
+// durations lists l's durations, pointing into l.
+func (l *serverLimits) durations() []durationLimit {
+	return []durationLimit{
+		{"read-timeout", "TOLLGATE_READ_TIMEOUT", "time a whole request, headers and body, may take to arrive", &l.ReadTimeout},
+		{"write-timeout", "TOLLGATE_WRITE_TIMEOUT", "time from a request's headers to the end of its answer", &l.WriteTimeout},
+		{"idle-timeout", "TOLLGATE_IDLE_TIMEOUT", "time a keep-alive connection may wait for its next request", &l.IdleTimeout},
+		{"shutdown-grace", "TOLLGATE_SHUTDOWN_GRACE", "time SIGTERM gives requests in flight before closing every connection", &l.ShutdownGrace},
+	}
+}
+
+// fromEnv reads the limits' environment variables through getenv.
+func (l *serverLimits) fromEnv(getenv func(string) string) error {
+	for _, d := range l.durations() {
+		if v := getenv(d.env); v != "" {
+			var err error
+			if *d.value, err = time.ParseDuration(v); err != nil {
+				return fmt.Errorf("%s=%q: want a duration such as 5s or 500ms", d.env, v)
+			}
+		}
+	}
+	if v := getenv("TOLLGATE_MAX_CONNS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("TOLLGATE_MAX_CONNS=%q: want a whole number of connections, such as 2048", v)
+		}
+		l.MaxConns = n
+	}
+	return nil
+}
+
+// flags defines the limits' flags on fs, defaulting to their current values.
+func (l *serverLimits) flags(fs *flag.FlagSet) {
+	for _, d := range l.durations() {
+		fs.DurationVar(d.value, d.flag, *d.value, d.usage+" (env "+d.env+")")
+	}
+	fs.IntVar(&l.MaxConns, "max-conns", l.MaxConns, "most open connections; more wait to be accepted (env TOLLGATE_MAX_CONNS)")
+}
+
+// validate names the first limit out of range, with its flag and variable.
+func (l *serverLimits) validate() error {
+	def := defaultServerLimits
+	for i, d := range l.durations() {
+		if *d.value <= 0 {
+			return fmt.Errorf("--%s (%s) = %v: want a positive duration, such as %v", d.flag, d.env, *d.value, *def.durations()[i].value)
+		}
+	}
+	if l.MaxConns < 1 {
+		return fmt.Errorf("--max-conns (TOLLGATE_MAX_CONNS) = %d: want at least 1, such as %d", l.MaxConns, def.MaxConns)
+	}
+	return nil
+}
+
+// fitsPolicy checks that an answer can still be written after the slowest body the
+// read timeout lets through and the longest decision the policy allows.
+func (l serverLimits) fitsPolicy(decisionTimeout time.Duration) error {
+	if need := l.ReadTimeout + decisionTimeout; l.WriteTimeout <= need {
+		return fmt.Errorf("--write-timeout (TOLLGATE_WRITE_TIMEOUT) = %v: must exceed --read-timeout (%v) plus the policy's failure.timeout (%v), or a slow body and a slow decision lose their answer; raise it above %v", l.WriteTimeout, l.ReadTimeout, decisionTimeout, need)
+	}
+	return nil
 }
 
 func or(v, d string) string {
@@ -217,19 +332,47 @@ func run(getenv func(string) string, args []string, log *slog.Logger) error {
 		lambdaurl.Start(s.handler)
 		return nil
 	}
-	srv := &http.Server{Addr: c.Listen, Handler: s.handler, ReadHeaderTimeout: 5 * time.Second}
+	if err := c.Server.fitsPolicy(s.policy.Failure.Timeout); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return err
+	}
+	return serve(ctx, ln, s.handler, c.Server, log)
+}
+
+// serve answers on ln within limits until ctx is done, then shuts down: it stops
+// accepting, gives requests in flight limits.ShutdownGrace to finish, and closes the
+// connections still open after that (a client trickling a body, say). It returns
+// nil after a shutdown, and the server's error otherwise.
+func serve(ctx context.Context, ln net.Listener, h http.Handler, limits serverLimits, log *slog.Logger) error {
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: limits.ReadTimeout,
+		ReadTimeout:       limits.ReadTimeout,
+		WriteTimeout:      limits.WriteTimeout,
+		IdleTimeout:       limits.IdleTimeout,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.ListenAndServe() }()
-	log.Info("listening", "addr", c.Listen)
+	go func() { errc <- srv.Serve(newLimitListener(ln, limits.MaxConns)) }()
+	log.Info("listening", "addr", ln.Addr().String(), "max_conns", limits.MaxConns,
+		"read_timeout", limits.ReadTimeout.String(), "write_timeout", limits.WriteTimeout.String(), "idle_timeout", limits.IdleTimeout.String())
 	select {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
 	}
-	log.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	log.Info("shutting down", "grace", limits.ShutdownGrace.String())
+	sctx, cancel := context.WithTimeout(context.Background(), limits.ShutdownGrace)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	err := srv.Shutdown(sctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		log.Warn("shutdown grace expired: closing the connections still open")
+		err = srv.Close()
+	}
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

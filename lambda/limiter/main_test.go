@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -33,6 +34,17 @@ func TestLoadConfig(t *testing.T) {
 		{"unknown flag", nil, []string{"--colour"}, config{}, "colour"},
 		{"secret and IAM", map[string]string{"REDIS_URL": "rediss://c:6379", "REDIS_AUTH_SECRET_ARN": "arn:s", "REDIS_IAM_USER": "u", "REDIS_CACHE_NAME": "c"}, nil, config{}, "not both"},
 		{"auth without a URL", map[string]string{"REDIS_AUTH_SECRET_ARN": "arn:s"}, nil, config{}, "REDIS_URL is empty"},
+		{"server limits from env", map[string]string{"TOLLGATE_READ_TIMEOUT": "2s", "TOLLGATE_WRITE_TIMEOUT": "4s", "TOLLGATE_IDLE_TIMEOUT": "30s", "TOLLGATE_MAX_CONNS": "100", "TOLLGATE_SHUTDOWN_GRACE": "1s"}, nil,
+			config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml", Batch: true, Server: serverLimits{2 * time.Second, 4 * time.Second, 30 * time.Second, 100, time.Second}}, ""},
+		{"server limit flags win", map[string]string{"TOLLGATE_READ_TIMEOUT": "2s", "TOLLGATE_MAX_CONNS": "100"}, []string{"--read-timeout", "3s", "--max-conns", "7", "--shutdown-grace", "250ms"},
+			config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml", Batch: true, Server: serverLimits{3 * time.Second, 10 * time.Second, time.Minute, 7, 250 * time.Millisecond}}, ""},
+		{"bad read timeout", map[string]string{"TOLLGATE_READ_TIMEOUT": "5"}, nil, config{}, "TOLLGATE_READ_TIMEOUT"},
+		{"bad max conns", map[string]string{"TOLLGATE_MAX_CONNS": "lots"}, nil, config{}, "TOLLGATE_MAX_CONNS"},
+		{"zero write timeout", map[string]string{"TOLLGATE_WRITE_TIMEOUT": "0s"}, nil, config{}, "--write-timeout (TOLLGATE_WRITE_TIMEOUT) = 0s"},
+		{"negative idle timeout flag", nil, []string{"--idle-timeout", "-1s"}, config{}, "--idle-timeout (TOLLGATE_IDLE_TIMEOUT) = -1s"},
+		{"zero grace", nil, []string{"--shutdown-grace", "0s"}, config{}, "--shutdown-grace"},
+		{"no connections", nil, []string{"--max-conns", "0"}, config{}, "--max-conns (TOLLGATE_MAX_CONNS) = 0: want at least 1"},
+		{"unparsable flag", nil, []string{"--read-timeout", "soon"}, config{}, "read-timeout"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -42,6 +54,9 @@ func TestLoadConfig(t *testing.T) {
 					t.Fatalf("loadConfig() error = %v, want one naming %q", err, tc.wantErr)
 				}
 				return
+			}
+			if tc.want.Server == (serverLimits{}) {
+				tc.want.Server = defaultServerLimits
 			}
 			if err != nil || got != tc.want {
 				t.Errorf("loadConfig() = %+v, %v, want %+v", got, err, tc.want)
@@ -56,6 +71,28 @@ func TestRefusesInvalidPolicy(t *testing.T) {
 	err := run(env(map[string]string{"TOLLGATE_POLICY": bad, "TOLLGATE_LISTEN": "127.0.0.1:0"}), nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err == nil || !strings.Contains(err.Error(), `rules[0].limits[0].rate: "10/x"`) {
 		t.Fatalf("run() with an invalid policy = %v, want an error naming rules[0].limits[0].rate", err)
+	}
+}
+
+func TestServerLimitsFitPolicy(t *testing.T) {
+	tests := []struct {
+		name     string
+		limits   serverLimits
+		decision time.Duration
+		wantErr  bool
+	}{
+		{"defaults, default policy", defaultServerLimits, 50 * time.Millisecond, false},
+		{"defaults, slowest policy", defaultServerLimits, 10 * time.Second, true},
+		{"write timeout equal to the read timeout", serverLimits{ReadTimeout: time.Second, WriteTimeout: time.Second}, time.Millisecond, true},
+		{"room for both", serverLimits{ReadTimeout: time.Second, WriteTimeout: 2 * time.Second}, 500 * time.Millisecond, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.limits.fitsPolicy(tc.decision)
+			if (err != nil) != tc.wantErr || err != nil && !strings.Contains(err.Error(), "--write-timeout") {
+				t.Errorf("fitsPolicy(%v) with %+v = %v, want an error naming --write-timeout: %v", tc.decision, tc.limits, err, tc.wantErr)
+			}
+		})
 	}
 }
 

@@ -18,6 +18,7 @@ type Metrics struct {
 	failureModes *prometheus.CounterVec
 	breaker      *prometheus.GaugeVec
 	denyHits     prometheus.Counter
+	fallbacks    prometheus.Counter
 }
 
 // NewMetrics registers the metrics on reg.
@@ -46,8 +47,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		denyHits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tollgate_deny_cache_hits_total", Help: "Requests denied from the in-process deny cache without a store round trip.",
 		}),
+		fallbacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_identity_fallbacks_total", Help: "Requests whose X-Forwarded-For entry at the trusted position was missing, blank or not an address, so remote_address was used.",
+		}),
 	}
-	reg.MustRegister(m.decisions, m.latency, m.redis, m.redisErrors, m.failureModes, m.breaker, m.denyHits)
+	reg.MustRegister(m.decisions, m.latency, m.redis, m.redisErrors, m.failureModes, m.breaker, m.denyHits, m.fallbacks)
 	return m
 }
 
@@ -82,6 +86,7 @@ func (m *Metrics) Hooks() engine.Hooks {
 			m.decisions.WithLabelValues(domain, v.Rule, result).Inc()
 			m.latency.Observe(took.Seconds())
 		},
+		IdentityFallback: func() { m.fallbacks.Inc() },
 		StoreCall: func(took time.Duration, err error) {
 			m.redis.Observe(took.Seconds())
 			if err != nil {

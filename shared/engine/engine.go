@@ -120,6 +120,10 @@ func (v Verdict) Headers() [][2]string {
 type Hooks struct {
 	// Decided is called once per Check with the verdict and the time it took.
 	Decided func(domain string, v Verdict, took time.Duration)
+	// IdentityFallback is called when remote_address came with an X-Forwarded-For
+	// whose trusted entry is missing, blank or not an address, so the address the
+	// front door saw was used instead (see policy.TrustedHop).
+	IdentityFallback func()
 	// StoreCall is called after every store round trip with its latency and error.
 	StoreCall func(took time.Duration, err error)
 	// FailureMode is called when the failure mode decides a request.
@@ -298,7 +302,10 @@ func (e *Engine) attributes(attrs map[string]string) map[string]string {
 	if !ok {
 		return attrs
 	}
-	n := policy.NormalizeAddress(ra, attrs[ForwardedFor], e.pol.Identity)
+	n, fellBack := policy.NormalizeAddress(ra, attrs[ForwardedFor], e.pol.Identity)
+	if fellBack && e.hooks.IdentityFallback != nil {
+		e.hooks.IdentityFallback()
+	}
 	if n == ra {
 		return attrs
 	}

@@ -14,8 +14,9 @@ import (
 // an API Gateway event; it may carry a port ("192.0.2.1:5678", "[2001:db8::1]:443").
 // xff is the X-Forwarded-For header, several headers joined with ','. With
 // id.TrustedProxies = N > 0 the address is the N-th entry from the right of xff, the
-// one the outermost trusted proxy saw, or peer if xff has fewer than N entries; with
-// N = 0 xff is ignored, since a client can write anything there.
+// one the outermost trusted proxy saw; with N = 0 xff is ignored, since a client can
+// write anything there. Where that entry is missing (xff has fewer than N entries),
+// blank, or not an address, peer is used instead (see TrustedHop).
 //
 // An IPv4 address (IPv4-mapped IPv6 included) is returned as it is, without a port.
 // An IPv6 address is aggregated to id.IPv6Prefix bits (64 if it is out of 1..128) and
@@ -24,10 +25,8 @@ import (
 // it can never pass for a valid address.
 func ClientAddress(peer, xff string, id Identity) string {
 	s := peer
-	if id.TrustedProxies > 0 && strings.TrimSpace(xff) != "" {
-		if e, ok := fromRight(xff, id.TrustedProxies); ok {
-			s = e
-		}
+	if hop, _ := TrustedHop(xff, id); hop != "" {
+		s = hop
 	}
 	s = strings.TrimSpace(s)
 	a, ok := parseAddr(s)
@@ -38,6 +37,28 @@ func ClientAddress(peer, xff string, id Identity) string {
 		return agg
 	}
 	return algo.Escape(s)
+}
+
+// TrustedHop returns the X-Forwarded-For entry that stands for the client: with
+// id.TrustedProxies = N > 0, the N-th entry from the right of xff, trimmed, when it is
+// an IP address (with or without a port). It returns "" when the caller must use the
+// socket or event address instead: xff is blank or N is 0 (no proxy to trust), or the
+// entry at the trusted position is missing, blank or not an address. fellBack reports
+// the second kind — a header was sent but its trusted entry is unusable, so clients
+// behind a broken proxy would otherwise share one identity — for callers to count.
+func TrustedHop(xff string, id Identity) (hop string, fellBack bool) {
+	if id.TrustedProxies <= 0 || strings.TrimSpace(xff) == "" {
+		return "", false
+	}
+	e, ok := fromRight(xff, id.TrustedProxies)
+	if !ok {
+		return "", true
+	}
+	e = strings.TrimSpace(e)
+	if _, ok := parseAddr(e); !ok {
+		return "", true
+	}
+	return e, false
 }
 
 // aggregate writes an address as the client it stands for: IPv4 (mapped IPv6
@@ -63,32 +84,32 @@ func prefixBits(id Identity) int {
 }
 
 // NormalizeAddress returns the remote_address attribute a front door sent, in the form
-// ClientAddress gives: with id.TrustedProxies = N > 0 and an X-Forwarded-For value, the
-// N-th entry from its right; then an IPv4 address without its port, and an IPv6
-// address aggregated to id.IPv6Prefix bits. A value already in that form (a prefix such
-// as "2001:db8:1:2::/64") keeps it, so normalizing twice changes nothing; a value that
-// is no address is returned unchanged (the key builder escapes it).
-func NormalizeAddress(remote, xff string, id Identity) string {
+// ClientAddress gives: the trusted X-Forwarded-For entry when TrustedHop finds one,
+// else remote; then an IPv4 address without its port, and an IPv6 address aggregated
+// to id.IPv6Prefix bits. A value already in that form (a prefix such as
+// "2001:db8:1:2::/64") keeps it, so normalizing twice changes nothing; a value that is
+// no address is returned unchanged (the key builder escapes it). fellBack is
+// TrustedHop's: xff was sent but its trusted entry was unusable, so remote was used.
+func NormalizeAddress(remote, xff string, id Identity) (addr string, fellBack bool) {
 	s := remote
-	if id.TrustedProxies > 0 && strings.TrimSpace(xff) != "" {
-		if e, ok := fromRight(xff, id.TrustedProxies); ok {
-			s = strings.TrimSpace(e)
-		}
+	hop, fellBack := TrustedHop(xff, id)
+	if hop != "" {
+		s = hop
 	}
 	if a, ok := parseAddr(strings.TrimSpace(s)); ok {
 		if agg, ok := aggregate(a, id); ok {
-			return agg
+			return agg, fellBack
 		}
-		return s
+		return s, fellBack
 	}
 	if p, err := netip.ParsePrefix(s); err == nil && p.Addr().Is6() && !p.Addr().Is4In6() {
 		bits := prefixBits(id)
 		if p.Bits() > bits {
 			p = netip.PrefixFrom(p.Addr(), bits)
 		}
-		return p.Masked().String()
+		return p.Masked().String(), fellBack
 	}
-	return s
+	return s, fellBack
 }
 
 // fromRight returns the n-th (n >= 1) comma-separated entry of list counted from the

@@ -41,8 +41,10 @@ func TestClientAddress(t *testing.T) {
 		{"XFF blank", "10.0.0.1", "  ", two, "10.0.0.1"},
 		{"XFF without spaces", "10.0.0.1", "198.51.100.7,10.0.0.2", two, "198.51.100.7"},
 		{"XFF IPv6 entry", "10.0.0.1", "[2001:db8:1:2::7]:1234, 10.0.0.2", two, "2001:db8:1:2::/64"},
-		{"XFF garbage entry", "10.0.0.1", "not an ip, 10.0.0.2", two, "not%20an%20ip"},
-		{"XFF empty entry", "10.0.0.1", ",10.0.0.2", two, "%"},
+		{"XFF garbage entry falls back to the peer", "10.0.0.1", "not an ip, 10.0.0.2", two, "10.0.0.1"},
+		{"XFF empty entry falls back to the peer", "10.0.0.1", ",10.0.0.2", two, "10.0.0.1"},
+		{"XFF blank last entry falls back to the peer", "192.0.2.9:5000", "203.0.113.5, ", policy.Identity{TrustedProxies: 1}, "192.0.2.9"},
+		{"XFF garbage peer stays escaped", "{x}", "203.0.113.5, ", policy.Identity{TrustedProxies: 1}, "%7Bx%7D"},
 		{"garbage", "unknown", "", def, "unknown"},
 		{"garbage with braces", "{x}:y", "", def, "%7Bx%7D%3Ay"},
 		{"empty peer", "", "", def, "%"},
@@ -68,17 +70,63 @@ func TestNormalizeAddressIdempotent(t *testing.T) {
 	id := policy.Identity{IPv6Prefix: 64}
 	for _, peer := range []string{"192.0.2.1", "192.0.2.1:80", "[2001:db8::1]:443", "2001:db8:1:2:3:4:5:6", "::ffff:192.0.2.9"} {
 		once := policy.ClientAddress(peer, "", id)
-		if got := policy.NormalizeAddress(once, "", id); got != once {
+		if got, _ := policy.NormalizeAddress(once, "", id); got != once {
 			t.Errorf("NormalizeAddress(ClientAddress(%q) = %q) = %q, want it unchanged", peer, once, got)
 		}
-		if got := policy.NormalizeAddress(peer, "", id); got != once {
+		if got, _ := policy.NormalizeAddress(peer, "", id); got != once {
 			t.Errorf("NormalizeAddress(%q) = %q, want %q as ClientAddress gives", peer, got, once)
 		}
 	}
-	if got := policy.NormalizeAddress("not an {address}", "", id); got != "not an {address}" {
+	if got, _ := policy.NormalizeAddress("not an {address}", "", id); got != "not an {address}" {
 		t.Errorf("NormalizeAddress(garbage) = %q, want it unchanged", got)
 	}
-	if got := policy.NormalizeAddress("2001:db8:1:2:3::/80", "", id); got != "2001:db8:1:2::/64" {
+	if got, _ := policy.NormalizeAddress("2001:db8:1:2:3::/80", "", id); got != "2001:db8:1:2::/64" {
 		t.Errorf("NormalizeAddress(a /80) = %q, want the /64", got)
+	}
+}
+
+// TestNormalizeAddressForwarded checks the X-Forwarded-For entry at the trusted
+// position: an address is used, and anything else — blank, whitespace, garbage, a port
+// alone, a missing entry — falls back to remote_address and says so, never to an
+// empty identity that every such client would share.
+func TestNormalizeAddressForwarded(t *testing.T) {
+	t.Parallel()
+	one := policy.Identity{TrustedProxies: 1, IPv6Prefix: 64}
+	two := policy.Identity{TrustedProxies: 2, IPv6Prefix: 64}
+	tests := []struct {
+		name         string
+		remote, xff  string
+		id           policy.Identity
+		want         string
+		wantFellBack bool
+	}{
+		{"address", "10.0.0.1", "203.0.113.5, 198.51.100.7", one, "198.51.100.7", false},
+		{"address with port", "10.0.0.1", "198.51.100.7:4711", one, "198.51.100.7", false},
+		{"IPv6 aggregated", "10.0.0.1", "2001:db8:1:2::7", one, "2001:db8:1:2::/64", false},
+		{"IPv6 in brackets with port", "10.0.0.1", "[2001:db8:1:2::7]:443", one, "2001:db8:1:2::/64", false},
+		{"second from the right", "10.0.0.1", "198.51.100.7, 10.0.0.2", two, "198.51.100.7", false},
+		{"no header", "192.0.2.1", "", one, "192.0.2.1", false},
+		{"blank header", "192.0.2.1", " \t", one, "192.0.2.1", false},
+		{"untrusted header ignored", "192.0.2.1", "198.51.100.7", policy.Identity{IPv6Prefix: 64}, "192.0.2.1", false},
+		{"blank last entry", "192.0.2.1", "198.51.100.7, ", one, "192.0.2.1", true},
+		{"empty last entry", "192.0.2.1", "198.51.100.7,", one, "192.0.2.1", true},
+		{"whitespace entry", "192.0.2.1", "198.51.100.7,  \t, 10.0.0.2", two, "192.0.2.1", true},
+		{"garbage entry", "192.0.2.1", "unknown", one, "192.0.2.1", true},
+		{"port only", "192.0.2.1", ":8080", one, "192.0.2.1", true},
+		{"obfuscated identifier", "192.0.2.1", "_hidden", one, "192.0.2.1", true},
+		{"a prefix is not an entry", "192.0.2.1", "2001:db8::/32", one, "192.0.2.1", true},
+		{"too few entries", "192.0.2.1", "198.51.100.7", two, "192.0.2.1", true},
+		{"fallback keeps remote's port stripped", "192.0.2.1:5000", "198.51.100.7, ", one, "192.0.2.1", true},
+		{"fallback to an IPv6 remote", "[2001:db8:9:9::1]:443", "x", one, "2001:db8:9:9::/64", true},
+		{"fallback to garbage remote keeps it", "not-an-ip", "x", one, "not-an-ip", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got, fellBack := policy.NormalizeAddress(tt.remote, tt.xff, tt.id)
+			if got != tt.want || fellBack != tt.wantFellBack {
+				t.Errorf("NormalizeAddress(%q, %q, %+v) = %q, %v, want %q, %v", tt.remote, tt.xff, tt.id, got, fellBack, tt.want, tt.wantFellBack)
+			}
+		})
 	}
 }

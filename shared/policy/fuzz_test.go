@@ -98,3 +98,34 @@ func FuzzClientAddress(f *testing.F) {
 		}
 	})
 }
+
+// FuzzNormalizeAddress checks that NormalizeAddress never panics, never turns a
+// non-empty remote_address into an empty identity, reports a fallback exactly when
+// the trusted X-Forwarded-For entry was unusable, and gives what ClientAddress gives
+// for an address. The seed corpus is in testdata/fuzz/FuzzNormalizeAddress.
+func FuzzNormalizeAddress(f *testing.F) {
+	f.Fuzz(func(t *testing.T, remote, xff string, trusted, bits int) {
+		id := policy.Identity{TrustedProxies: trusted, IPv6Prefix: bits}
+		got, fellBack := policy.NormalizeAddress(remote, xff, id)
+		if got == "" && strings.TrimSpace(remote) != "" {
+			t.Fatalf("NormalizeAddress(%q, %q, %+v) = %q, want a non-empty identity", remote, xff, id, got)
+		}
+		hop, hopFellBack := policy.TrustedHop(xff, id)
+		if fellBack != hopFellBack {
+			t.Fatalf("NormalizeAddress(%q, %q, %+v) fell back = %v, want %v as TrustedHop says", remote, xff, id, fellBack, hopFellBack)
+		}
+		if hop != "" && fellBack {
+			t.Fatalf("TrustedHop(%q, %+v) = %q, true, want no entry with a fallback", xff, id, hop)
+		}
+		if _, err := netip.ParseAddr(got); err == nil || isPrefix(got) {
+			if want := policy.ClientAddress(remote, xff, id); want != got && !isPrefix(remote) {
+				t.Fatalf("NormalizeAddress(%q, %q, %+v) = %q, want %q as ClientAddress gives", remote, xff, id, got, want)
+			}
+		}
+	})
+}
+
+func isPrefix(s string) bool {
+	_, err := netip.ParsePrefix(s)
+	return err == nil
+}

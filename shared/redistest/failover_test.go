@@ -274,7 +274,7 @@ func TestSentinelFailover(t *testing.T) {
 func TestCleanupStopsFailoverProcesses(t *testing.T) {
 	t.Parallel()
 	requireBinaries(t, serverBinary, cliBinary)
-	requireSentinelBinary(t)
+	RequireSentinel(t)
 	var addrs []string
 	t.Run("start", func(t *testing.T) {
 		c := StartCluster(t, WithReplicas(1))

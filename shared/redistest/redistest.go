@@ -10,7 +10,7 @@
 //
 // When redis-server (or redis-sentinel) is not on PATH the test is skipped,
 // unless the environment has CI=true, in which case it fails: CI must
-// install Redis.
+// install Redis. `make test` installs both when it can (scripts/deps.sh).
 package redistest
 
 import (
@@ -35,8 +35,9 @@ import (
 )
 
 const (
-	serverBinary = "redis-server"
-	cliBinary    = "redis-cli"
+	serverBinary   = "redis-server"
+	cliBinary      = "redis-cli"
+	sentinelBinary = "redis-sentinel"
 
 	// readyTimeout bounds how long a starting server may take to answer.
 	readyTimeout = 5 * time.Second
@@ -70,6 +71,27 @@ func Available() bool {
 	return err == nil
 }
 
+// SentinelAvailable reports whether redis-sentinel is on PATH. Debian ships it
+// in its own package, redis-sentinel.
+func SentinelAvailable() bool {
+	_, err := exec.LookPath(sentinelBinary)
+	return err == nil
+}
+
+// RequireSentinel skips t, or fails it when CI=true, unless redis-server and
+// redis-sentinel are both on PATH.
+func RequireSentinel(t testing.TB) {
+	t.Helper()
+	requireBinaries(t, serverBinary, sentinelBinary)
+}
+
+// debianPackage names the Debian package that installs a program.
+var debianPackage = map[string]string{
+	serverBinary:   "redis-server",
+	cliBinary:      "redis-server",
+	sentinelBinary: "redis-sentinel",
+}
+
 // requireBinaries skips t, or fails it when CI=true, unless every named
 // program is on PATH.
 func requireBinaries(t testing.TB, names ...string) {
@@ -78,10 +100,11 @@ func requireBinaries(t testing.TB, names ...string) {
 		if _, err := exec.LookPath(name); err == nil {
 			continue
 		}
+		install := "apt-get install -y " + debianPackage[name]
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("redistest: %s not found; CI must install it: apt-get install -y redis-server", name)
+			t.Fatalf("redistest: %s not found; CI must install it: %s (scripts/deps.sh does)", name, install)
 		}
-		t.Skipf("SKIPPING real-Redis test: %s not installed (apt-get install redis-server)", name)
+		t.Skipf("SKIPPING real-Redis test: %s not installed (%s, or run make test, which installs it when it can)", name, install)
 	}
 }
 

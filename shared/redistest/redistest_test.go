@@ -5,7 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"reflect"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -284,6 +288,71 @@ func TestSpawnPortInUse(t *testing.T) {
 			s.setPort(p)
 			if err := s.spawn(); !errors.Is(err, errPortInUse) {
 				t.Errorf("spawn() on %s taken by a %s = %v, want errPortInUse", tt.addr, tt.name, err)
+			}
+		})
+	}
+}
+
+// recordingTB records a skip or a failure instead of ending the test with it; like
+// testing.T it stops the goroutine that asked (see run).
+type recordingTB struct {
+	testing.TB
+	skipped, failed string
+}
+
+func (r *recordingTB) Skipf(format string, args ...any) {
+	r.skipped = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+func (r *recordingTB) Fatalf(format string, args ...any) {
+	r.failed = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// run calls f(r) on a goroutine of its own, which Skipf and Fatalf may end.
+func (r *recordingTB) run(f func(testing.TB)) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f(r)
+	}()
+	<-done
+}
+
+// TestRequireSentinel checks RequireSentinel against a PATH that holds only the
+// programs a case names: it skips, or fails under CI=true, naming the package to
+// install, and lets the test run when both programs are there.
+func TestRequireSentinel(t *testing.T) {
+	tests := []struct {
+		name              string
+		programs          []string
+		ci                string
+		wantSkip, wantErr string
+	}{
+		{"both present", []string{serverBinary, sentinelBinary}, "true", "", ""},
+		{"sentinel missing", []string{serverBinary}, "", "apt-get install -y redis-sentinel", ""},
+		{"sentinel missing on CI", []string{serverBinary}, "true", "", "apt-get install -y redis-sentinel"},
+		{"server missing", []string{sentinelBinary}, "", "apt-get install -y redis-server", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for _, p := range tc.programs {
+				if err := os.WriteFile(filepath.Join(dir, p), []byte("#!/bin/sh\n"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Setenv("PATH", dir)
+			t.Setenv("CI", tc.ci)
+			r := &recordingTB{TB: t}
+			r.run(RequireSentinel)
+			if !strings.Contains(r.skipped, tc.wantSkip) || (tc.wantSkip == "") != (r.skipped == "") ||
+				!strings.Contains(r.failed, tc.wantErr) || (tc.wantErr == "") != (r.failed == "") {
+				t.Errorf("RequireSentinel() skipped %q, failed %q; want a skip naming %q, a failure naming %q", r.skipped, r.failed, tc.wantSkip, tc.wantErr)
+			}
+			if got, want := SentinelAvailable(), slices.Contains(tc.programs, sentinelBinary); got != want {
+				t.Errorf("SentinelAvailable() = %v, want %v", got, want)
 			}
 		})
 	}

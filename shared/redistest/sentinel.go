@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -17,8 +16,6 @@ import (
 )
 
 const (
-	// sentinelBinary runs a Sentinel (Debian package redis-sentinel).
-	sentinelBinary = "redis-sentinel"
 	// sentinelCount is the number of Sentinels StartSentinel runs.
 	sentinelCount = 3
 	// sentinelQuorum is how many Sentinels must agree that the master is down.
@@ -26,19 +23,6 @@ const (
 	// MasterName is the name the Sentinels of StartSentinel monitor.
 	MasterName = "mymaster"
 )
-
-// requireSentinelBinary skips t, or fails it when CI=true, unless
-// redis-sentinel is on PATH.
-func requireSentinelBinary(t testing.TB) {
-	t.Helper()
-	if _, err := exec.LookPath(sentinelBinary); err == nil {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("redistest: %s not found; CI must install it: apt-get install -y redis-sentinel", sentinelBinary)
-	}
-	t.Skipf("SKIPPING real-Redis test: %s not installed (apt-get install redis-sentinel)", sentinelBinary)
-}
 
 // A SentinelOption changes how StartSentinel runs its Sentinels.
 type SentinelOption func(*sentinelOptions)
@@ -77,7 +61,7 @@ type Sentinel struct {
 func StartSentinel(t testing.TB, opts ...SentinelOption) *Sentinel {
 	t.Helper()
 	requireBinaries(t, serverBinary)
-	requireSentinelBinary(t)
+	RequireSentinel(t)
 	o := sentinelOptions{downAfter: time.Second, failoverTimeout: 5 * time.Second}
 	for _, opt := range opts {
 		opt(&o)
