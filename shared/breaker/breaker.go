@@ -216,10 +216,26 @@ func (p Permit) Done(r Result) {
 			return
 		}
 		b.open(b.s.FirstProbe)
-	default: // a failed probe
-		b.open(min(2*b.wait, b.s.OpenFor))
+	default: // a failed probe; the wait is 0 after ProbeNow
+		b.open(min(max(2*b.wait, b.s.FirstProbe), b.s.OpenFor))
 	}
 	b.changed(from, b.state)
+}
+
+// ProbeNow tells the breaker that its node may have been replaced (a Sentinel named
+// a new master), so the wait learnt on the old one no longer applies: an open breaker
+// lets the next call probe at once, and a failed probe then waits FirstProbe again,
+// as after opening. A closed breaker does not change.
+func (b *Breaker) ProbeNow() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.state {
+	case Open:
+		b.probeAt = time.Time{}
+		b.wait = 0
+	case HalfOpen: // the probe in flight may be the old node's
+		b.wait = 0
+	}
 }
 
 // open opens the breaker for wait. b.mu must be held.

@@ -30,10 +30,11 @@ func (c *fakeClock) Add(d time.Duration) {
 
 // step is one action on a breaker and what the test expects of it.
 type step struct {
-	advance time.Duration // move the clock first
-	result  Result        // result of the call when let through
-	allowed bool          // want the call let through
-	state   State         // want the state after the call
+	advance  time.Duration // move the clock first
+	probeNow bool          // then call ProbeNow
+	result   Result        // result of the call when let through
+	allowed  bool          // want the call let through
+	state    State         // want the state after the call
 }
 
 func TestBreakerSteps(t *testing.T) {
@@ -85,6 +86,23 @@ func TestBreakerSteps(t *testing.T) {
 			{advance: 100 * time.Millisecond, result: Ignore, allowed: true, state: HalfOpen},
 			{result: Success, allowed: true, state: Closed},
 		}},
+		{"ProbeNow ends the wait and restarts the backoff", []step{
+			{result: Failure, allowed: true, state: Closed},
+			{result: Failure, allowed: true, state: Open},
+			{advance: 100 * time.Millisecond, result: Failure, allowed: true, state: Open}, // waits 200ms
+			{advance: 200 * time.Millisecond, result: Failure, allowed: true, state: Open}, // waits 350ms
+			{advance: 10 * time.Millisecond, result: Failure, allowed: false, state: Open},
+			{probeNow: true, result: Failure, allowed: true, state: Open}, // waits 100ms, not 350ms
+			{advance: 99 * time.Millisecond, result: Success, allowed: false, state: Open},
+			{advance: time.Millisecond, result: Failure, allowed: true, state: Open}, // waits 200ms
+			{advance: 199 * time.Millisecond, result: Success, allowed: false, state: Open},
+			{probeNow: true, result: Success, allowed: true, state: Closed},
+		}},
+		{"ProbeNow leaves a closed breaker and its failures alone", []step{
+			{result: Failure, allowed: true, state: Closed},
+			{probeNow: true, result: Failure, allowed: true, state: Open},
+			{probeNow: true, advance: time.Millisecond, result: Success, allowed: true, state: Closed},
+		}},
 		{"ignored calls do not count", []step{
 			{result: Failure, allowed: true, state: Closed},
 			{result: Ignore, allowed: true, state: Closed},
@@ -99,6 +117,9 @@ func TestBreakerSteps(t *testing.T) {
 			b := New("n", st)
 			for i, sp := range tt.steps {
 				clk.Add(sp.advance)
+				if sp.probeNow {
+					b.ProbeNow()
+				}
 				p, err := b.Allow()
 				if got := err == nil; got != sp.allowed {
 					t.Fatalf("step %d: Allow() error = %v, want allowed %v", i, err, sp.allowed)
@@ -134,6 +155,39 @@ func TestBreakerOneProbeAtATime(t *testing.T) {
 	probe.Done(Success)
 	if got := b.State(); got != Closed {
 		t.Errorf("State() after the probe succeeded = %v, want closed", got)
+	}
+}
+
+// TestBreakerProbeNowHalfOpen calls ProbeNow while a probe, perhaps to the old node,
+// is in flight: the probe still decides, and when it fails the next one waits
+// FirstProbe rather than twice the wait before it.
+func TestBreakerProbeNowHalfOpen(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(1000, 0)}
+	b := New("n", Settings{Failures: 1, FirstProbe: 100 * time.Millisecond, OpenFor: time.Second, Clock: clk.Now})
+	p, _ := b.Allow()
+	p.Done(Failure)
+	for _, wait := range []time.Duration{100 * time.Millisecond, 200 * time.Millisecond} { // grow the wait to 400ms
+		clk.Add(wait)
+		p, _ = b.Allow()
+		p.Done(Failure)
+	}
+	clk.Add(400 * time.Millisecond)
+	probe, err := b.Allow()
+	if err != nil {
+		t.Fatalf("Allow() after the wait = %v, want the probe", err)
+	}
+	b.ProbeNow()
+	if _, err := b.Allow(); !errors.Is(err, ErrOpen) {
+		t.Errorf("Allow() beside the probe after ProbeNow = %v, want ErrOpen", err)
+	}
+	probe.Done(Failure)
+	clk.Add(99 * time.Millisecond)
+	if _, err := b.Allow(); !errors.Is(err, ErrOpen) {
+		t.Errorf("Allow() 99ms after the failed probe = %v, want ErrOpen", err)
+	}
+	clk.Add(time.Millisecond)
+	if _, err := b.Allow(); err != nil {
+		t.Errorf("Allow() 100ms after the failed probe = %v, want the probe", err)
 	}
 }
 

@@ -401,11 +401,21 @@ func testFailoverCluster(t *testing.T, fullCoverage bool) {
 	r.check(t, failover{killed: killed, promoted: promoted, onDead: func(k int) bool { return masterOf[k] == dead }, allDown: fullCoverage})
 }
 
-// TestFailoverSentinel kills the master of a Sentinel group (down-after 1s)
-// under load. Its promotion is when the first Sentinel names the replica as
-// master: a Sentinel client cannot learn it sooner.
+// TestFailoverSentinel kills the master of a Sentinel group under load, with
+// down-after 1s and 3s. Its promotion is when the first Sentinel names the
+// replica as master: a Sentinel client cannot learn it sooner. With 3s the
+// breaker's probe wait has grown to 1.6s or more by then, so only the store's
+// +switch-master subscription brings the keys back within the bound.
 func TestFailoverSentinel(t *testing.T) {
-	s := redistest.StartSentinel(t, redistest.WithDownAfter(failoverNodeTimeout))
+	for _, downAfter := range []time.Duration{failoverNodeTimeout, 3 * time.Second} {
+		t.Run(fmt.Sprintf("down-after %v", downAfter), func(t *testing.T) {
+			testFailoverSentinel(t, downAfter)
+		})
+	}
+}
+
+func testFailoverSentinel(t *testing.T, downAfter time.Duration) {
+	s := redistest.StartSentinel(t, redistest.WithDownAfter(downAfter))
 	r := startFailoverRun(t, s.URL(), false)
 	r.waitSaturated(t)
 

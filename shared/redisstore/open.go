@@ -121,7 +121,8 @@ func (c Config) Options() (*redis.UniversalOptions, error) {
 }
 
 // Open builds a client from the configuration and a store on it. It does not connect;
-// call Preload to connect and load the scripts.
+// call Preload to connect and load the scripts. On Sentinel it starts following the
+// master's switches in the background (see startWatch), until Close.
 func Open(c Config) (*Store, error) {
 	o, err := c.Options()
 	if err != nil {
@@ -144,8 +145,10 @@ func Open(c Config) (*Store, error) {
 		return nil, err
 	}
 	if o.MasterName != "" {
-		// The failover client follows the master; its breaker is the master's, by name.
+		// The failover client follows the master; its breaker is the master's, by name,
+		// and a switch of master tells it to probe at once.
 		s.node = "sentinel:" + o.MasterName
+		s.startWatch(o.Failover())
 	}
 	return s, nil
 }

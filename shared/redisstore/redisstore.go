@@ -30,6 +30,10 @@ type Store struct {
 	node     string               // the node's name, when not a cluster
 	breakers atomic.Pointer[breaker.Set]
 	args     argCache // precomputed script arguments of the policy's meters
+	// stopWatch and watchDone stop and await a Sentinel master's switch watch
+	// (nil when the store has none).
+	stopWatch context.CancelFunc
+	watchDone chan struct{}
 	// sets holds, per set of algorithms, the decision script with only their Lua.
 	sets [algo.AllAlgorithms + 1]atomic.Pointer[setScript]
 }
@@ -96,8 +100,15 @@ func New(client redis.UniversalClient) (*Store, error) {
 // Client returns the store's Redis client.
 func (s *Store) Client() redis.UniversalClient { return s.client }
 
-// Close closes the Redis client.
-func (s *Store) Close() error { return s.client.Close() }
+// Close stops the watch of a Sentinel master's switches, if any, and closes the
+// Redis client.
+func (s *Store) Close() error {
+	if s.stopWatch != nil {
+		s.stopWatch()
+		<-s.watchDone
+	}
+	return s.client.Close()
+}
 
 // Preload loads the scripts on every node (every master of a cluster), so the first
 // decisions run EVALSHA without a NOSCRIPT round trip.
