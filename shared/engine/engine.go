@@ -396,9 +396,16 @@ func (e *Engine) decideInStore(ctx context.Context, c algo.Check) (algo.Outcome,
 		}
 	}
 	t0 := time.Now()
-	bctx := newBudget(ctx, t0.Add(e.pol.Failure.Timeout))
-	out, err := e.store.Decide(bctx, c)
-	releaseBudget(bctx)
+	// The store call ends at the policy's timeout, or at the caller's deadline if that
+	// comes first. It does not end when the caller goes away: a charge that completes
+	// for a caller that has left does no harm, and one cut short may have run anyway.
+	deadline := t0.Add(e.pol.Failure.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	out, err := e.store.Decide(sctx, c)
+	cancel()
 	p.Done(breaker.ResultOf(err))
 	if e.hooks.StoreCall != nil && !errors.Is(err, breaker.ErrOpen) {
 		e.hooks.StoreCall(time.Since(t0), err)
