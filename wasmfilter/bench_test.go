@@ -183,14 +183,18 @@ func newBenchVM(tb testing.TB, v *variant) *benchVM {
 func (bv *benchVM) request(k requestKind) (requestKind, error) {
 	n := bv.next
 	bv.next++
-	bv.now = bv.now.Add(benchStep)
 	client := n * 7919 % benchClients // 7919 is prime: every client once per benchClients requests
 	switch k {
+	case kindMixed:
+		bv.now = bv.now.Add(benchStep)
+	case kindAllowed:
+		bv.now = bv.now.Add(benchStep)
+		client = 0
 	case kindDenied:
 		bv.now = bv.now.Add(7 * time.Second) // past the last denial's retry time
 		client = 0
-	case kindAllowed, kindCached:
-		client = 0
+	case kindCached:
+		client = 0 // and the clock stands still, so that the denial stays live
 	}
 	vm := bv.vm
 	id, err := vm.NewHttpContext(nil)
