@@ -41,7 +41,7 @@ lint:
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
-## bench: side-by-side benchmarks (tollgate, redis_rate, the EVALSHA ceiling); report in dist/bench/
+## bench: side-by-side benchmarks (tollgate, redis_rate, the EVALSHA ceiling) and the Envoy filter's cost in wazero; report in dist/bench/
 bench:
 	$(GO) run ./scripts/bench
 

@@ -14,9 +14,6 @@ import (
 	"strings"
 )
 
-// answerReader names the JSON reader this build reads answers with.
-const answerReader = "encoding/json"
-
 // answerMaxDepth is how deeply an answer may nest before its body is ignored:
 // encoding/json's own bound.
 const answerMaxDepth = 10000
