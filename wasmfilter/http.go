@@ -138,24 +138,11 @@ func (h *httpContext) decide(numHeaders, bodySize int) types.Action {
 	default:
 		h.plugin.metrics.calloutFailures.Increment(1)
 		reason := "the callout returned status " + status
-		if e, ok := stringField(answer, "error"); ok {
-			reason += ": " + e
+		if answer.hasMessage {
+			reason += ": " + answer.message
 		}
 		return h.failureMode(reason)
 	}
-}
-
-// stringField returns the string member key ("rule", "reason" or "error") of a.
-func stringField(a answerBody, key string) (string, bool) {
-	switch key {
-	case "rule":
-		return a.rule, a.hasRule
-	case "reason":
-		return a.reason, a.hasReason
-	case "error":
-		return a.message, a.hasMessage
-	}
-	return "", false
 }
 
 // allowed handles a 200: the request goes on, now or after the shaping delay.
@@ -345,8 +332,8 @@ func refusalBody(message, domain, rule string, retry time.Duration) []byte {
 // ruleOf names the deciding rule: the answer's "rule", else the name of the first item
 // of the RateLimit header.
 func ruleOf(headers [][2]string, answer answerBody) string {
-	if r, ok := stringField(answer, "rule"); ok {
-		return r
+	if answer.hasRule {
+		return answer.rule
 	}
 	v, _ := headerValue(headers, "ratelimit")
 	if len(v) > 1 && v[0] == '"' {
