@@ -5,7 +5,7 @@ GO ?= go
 POLICY ?= lambda/policy.yaml
 LISTEN ?= 127.0.0.1:8080
 
-.PHONY: all run demo test test-go deps wasm-check lint fmt tf-check bench package invoke wasm
+.PHONY: all run demo test test-go deps wasm-check lint fmt tf-check bench bench-filter package invoke wasm
 
 all: test
 
@@ -21,8 +21,8 @@ demo:
 	for i in $$(seq 50); do curl -fs http://127.0.0.1:18089/healthz >/dev/null 2>&1 && break; sleep 0.1; done; \
 	$(GO) run ./scripts/demo --url http://127.0.0.1:18089
 
-## test: the whole suite: vet, race-enabled tests on real redis-server, the wasip1 build, Terraform checks
-test: deps lint wasm-check test-go tf-check
+## test: the whole suite: vet, race-enabled tests on real redis-server, the wasip1 build, the filter's benchmarks briefly, Terraform checks
+test: deps lint wasm-check test-go bench-filter tf-check
 
 ## deps: install what the tests run (redis-server, redis-cli, redis-sentinel) when missing and possible
 deps:
@@ -45,9 +45,13 @@ lint:
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
-## bench: side-by-side benchmarks (tollgate, redis_rate, the EVALSHA ceiling); report in dist/bench/
+## bench: side-by-side benchmarks (tollgate, redis_rate, the EVALSHA ceiling) and the Envoy filter's cost in wazero; report in dist/bench/
 bench:
 	$(GO) run ./scripts/bench
+
+## bench-filter: the Envoy filter's benchmarks, 100 times each, so they keep running (figures: make bench)
+bench-filter:
+	$(GO) test -run '^$$' -bench . -benchtime 100x ./wasmfilter/
 
 ## package: linux/arm64 bootstrap zips for both Lambdas under dist/
 package:

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"math"
 	"strconv"
 	"strings"
@@ -115,15 +114,15 @@ func (h *httpContext) decide(numHeaders, bodySize int) types.Action {
 		}
 	}
 	status, _ := headerValue(headers, ":status")
-	var answer jsonv.Value
+	var answer answerBody
 	if bodySize > maxCalloutBody {
 		// The service's answers are a few hundred bytes: this is not one of them.
 		proxywasm.LogWarnf("tollgate: the decision callout's %s answer is %d bytes, over the limit of %d; its body is ignored", status, bodySize, maxCalloutBody)
 	} else if bodySize > 0 {
 		body, _ := proxywasm.GetHttpCallResponseBody(0, bodySize)
 		var err error
-		if answer, err = parseAnswerErr(body); errors.Is(err, jsonv.ErrTooDeep) {
-			proxywasm.LogWarnf("tollgate: the decision callout's %s answer nests arrays and objects more than %d deep; its body is ignored", status, jsonv.MaxDepth)
+		if answer, err = parseAnswerErr(body); tooDeep(err) {
+			proxywasm.LogWarnf("tollgate: the decision callout's %s answer nests arrays and objects more than %d deep; its body is ignored", status, answerMaxDepth)
 		}
 	}
 	switch {
@@ -139,64 +138,22 @@ func (h *httpContext) decide(numHeaders, bodySize int) types.Action {
 	default:
 		h.plugin.metrics.calloutFailures.Increment(1)
 		reason := "the callout returned status " + status
-		if e, ok := stringField(answer, "error"); ok {
-			reason += ": " + e
+		if answer.hasMessage {
+			reason += ": " + answer.message
 		}
 		return h.failureMode(reason)
 	}
 }
 
-// parseAnswer reads the body of the decision service's answer. A body that is not
-// JSON reads as null, which has no fields.
-func parseAnswer(body []byte) jsonv.Value {
-	v, _ := parseAnswerErr(body)
-	return v
-}
-
-// parseAnswerErr is parseAnswer that also returns why a body is not read.
-func parseAnswerErr(body []byte) (jsonv.Value, error) {
-	v, err := jsonv.Parse(body)
-	if err != nil {
-		return jsonv.Value{}, err
-	}
-	return v, nil
-}
-
-// unavailableVerdict reports whether the body of a 503 is the decision service's
-// verdict that it cannot decide and its policy fails closed — a JSON object with
-// "reason": "unavailable" — rather than Envoy's own 503 (no healthy upstream, connect
-// error), whose body is plain text.
-func unavailableVerdict(answer jsonv.Value) bool {
-	r, ok := stringField(answer, "reason")
-	return ok && r == "unavailable"
-}
-
-// stringField returns the string member key of answer.
-func stringField(answer jsonv.Value, key string) (string, bool) {
-	v, _ := answer.Get(key)
-	return v.Str()
-}
-
-// millisField returns the member key of answer, a whole number of milliseconds, when it
-// is positive and fits a time.Duration.
-func millisField(answer jsonv.Value, key string) (time.Duration, bool) {
-	v, _ := answer.Get(key)
-	ms, ok := v.Int()
-	if !ok || ms <= 0 || ms > math.MaxInt64/int64(time.Millisecond) {
-		return 0, false
-	}
-	return time.Duration(ms) * time.Millisecond, true
-}
-
 // allowed handles a 200: the request goes on, now or after the shaping delay.
-func (h *httpContext) allowed(headers [][2]string, answer jsonv.Value) types.Action {
+func (h *httpContext) allowed(headers [][2]string, answer answerBody) types.Action {
 	h.respHeaders = pick(headers, rateLimitHeaders)
 	var delay time.Duration
 	if v, ok := headerValue(headers, "x-tollgate-delay-ms"); ok {
 		if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms > 0 {
 			delay = time.Duration(ms) * time.Millisecond
 		}
-	} else if d, ok := millisField(answer, "delay_ms"); ok {
+	} else if d, ok := answerMillis(answer.delayMs); ok {
 		delay = d
 	}
 	return h.admit(delay, ruleOf(headers, answer))
@@ -222,11 +179,11 @@ func (h *httpContext) admit(delay time.Duration, rule string) types.Action {
 
 // denied handles a 429: answer it locally with the service's headers, and remember
 // the client in the deny cache until its retry time.
-func (h *httpContext) denied(headers [][2]string, answer jsonv.Value) types.Action {
+func (h *httpContext) denied(headers [][2]string, answer answerBody) types.Action {
 	p := h.plugin
 	now := p.now()
 	var retry time.Duration
-	if r, ok := millisField(answer, "retry_after_ms"); ok {
+	if r, ok := answerMillis(answer.retryAfterMs); ok {
 		retry = r
 	}
 	retryAfter, ok := headerValue(headers, "retry-after")
@@ -263,9 +220,9 @@ func (h *httpContext) denied(headers [][2]string, answer jsonv.Value) types.Acti
 // the service's Retry-After (1 second when it sends none). The filter's own failure
 // mode does not apply, and the deny cache is left alone: the client did nothing to be
 // remembered for.
-func (h *httpContext) unavailable(headers [][2]string, answer jsonv.Value) types.Action {
+func (h *httpContext) unavailable(headers [][2]string, answer answerBody) types.Action {
 	p := h.plugin
-	retry, _ := millisField(answer, "retry_after_ms")
+	retry, _ := answerMillis(answer.retryAfterMs)
 	retryAfter, ok := headerValue(headers, "retry-after")
 	secs, err := strconv.ParseInt(retryAfter, 10, 64)
 	switch {
@@ -374,9 +331,9 @@ func refusalBody(message, domain, rule string, retry time.Duration) []byte {
 
 // ruleOf names the deciding rule: the answer's "rule", else the name of the first item
 // of the RateLimit header.
-func ruleOf(headers [][2]string, answer jsonv.Value) string {
-	if r, ok := stringField(answer, "rule"); ok {
-		return r
+func ruleOf(headers [][2]string, answer answerBody) string {
+	if answer.hasRule {
+		return answer.rule
 	}
 	v, _ := headerValue(headers, "ratelimit")
 	if len(v) > 1 && v[0] == '"' {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -16,7 +17,7 @@ import (
 // that every cell decided without errors, never how fast.
 func TestQuickRun(t *testing.T) {
 	srv := redistest.StartServer(t)
-	cfg, err := loadConfig(func(string) string { return "" }, []string{"-quick", "-duration", "40ms", "-warmup", "5ms", "-clients", "200", "-mem-clients", "500"})
+	cfg, err := loadConfig(func(string) string { return "" }, []string{"-quick", "-duration", "40ms", "-warmup", "5ms", "-clients", "200", "-mem-clients", "500", "-filter-requests", "0"})
 	if err != nil {
 		t.Fatalf("loadConfig() = %v", err)
 	}
@@ -74,6 +75,34 @@ func TestLoadConfig(t *testing.T) {
 	for _, args := range [][]string{{"-c", "0"}, {"-c", "x"}, {"-duration", "0s"}, {"-only", "("}} {
 		if _, err := loadConfig(env, args); err == nil {
 			t.Errorf("loadConfig(%q) = nil error, want one", args)
+		}
+	}
+}
+
+// TestFilterSection reads `go test -bench` output of the filter's benchmarks, as
+// filterRuns does, and writes the report's filter section from it.
+func TestFilterSection(t *testing.T) {
+	t.Parallel()
+	out := []byte(`goos: linux
+BenchmarkVMStart/reader=jsonv-2         	      20	   7253646 ns/op	      1132 compile-ms	   3497986 module-bytes	   3473408 start-linear-bytes	 8026763 B/op	   45441 allocs/op
+BenchmarkRequest/reader=jsonv/mix-2     	  100000	     72547 ns/op	   8650752 linear-bytes	   8388608 linear-bytes-1k	   16227 B/op	      70 allocs/op
+BenchmarkRequest/reader=jsonv/mix-2     	  100000	     70000 ns/op	   8650752 linear-bytes	   8388608 linear-bytes-1k	   16227 B/op	      70 allocs/op
+BenchmarkRequest/reader=jsonv/mix-2     	  100000	     90000 ns/op	   8650752 linear-bytes	   8388608 linear-bytes-1k	   16227 B/op	      70 allocs/op
+BenchmarkJSONReader/allowed-2           	  100000	    192950 ns/op	    103498 encjson-ns/req	         1.160 encjson/jsonv	     89215 jsonv-ns/req
+PASS
+`)
+	r := &results{Filter: parseBenchOutput(out), Meta: meta{FilterCount: 3}}
+	if got, _ := r.metric("Request/reader=jsonv/mix", "ns/op"); got != 72547 {
+		t.Errorf("median ns/op of the mix = %v, want 72547", got)
+	}
+	if got, _ := r.metric("VMStart/reader=jsonv", "module-bytes"); got != 3497986 {
+		t.Errorf("module-bytes = %v, want 3497986", got)
+	}
+	var b bytes.Buffer
+	filterSection(&b, r)
+	for _, want := range []string{"| jsonv | 3.34 MiB | 1132 ms | 7.25 ms | 3.31 MiB |", "| jsonv | mix | 72.5 | 70 | 8.00 MiB | 8.25 MiB (100000) |", "| allowed | 89.2 | 103.5 | 1.16× |"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("filterSection() lacks %q:\n%s", want, b.String())
 		}
 	}
 }

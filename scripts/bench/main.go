@@ -40,6 +40,8 @@ type config struct {
 	MemClients  int           // clients of the memory runs (-mem-clients)
 	Rounds      int           // interleaved rounds per cell (-rounds)
 	Only        string        // regexp on subject names (-only)
+	FilterReqs  int           // requests per filter benchmark (-filter-requests); 0 skips the filter
+	FilterStart int           // VM starts of the filter's start benchmark
 	Quick       bool          // smoke run (-quick)
 	Render      string        // re-render the report from this results.json (-render)
 	Args        []string      // the command line, for the report
@@ -55,6 +57,8 @@ func defaultConfig() config {
 		Conc:        []int{1, 8, 64},
 		Clients:     10000,
 		MemClients:  100000,
+		FilterReqs:  100000,
+		FilterStart: 20,
 	}
 }
 
@@ -67,6 +71,8 @@ func (c *config) quick() {
 	c.Conc = []int{1, 8}
 	c.Clients = 1000
 	c.MemClients = 2000
+	c.FilterReqs = 100
+	c.FilterStart = 2
 }
 
 // loadConfig reads the environment through getenv, then the flags in args.
@@ -84,6 +90,7 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	conc := fs.String("c", "", "comma-separated concurrencies (default 1,8,64)")
 	clients := fs.Int("clients", 0, "distinct clients (default 10000)")
 	mem := fs.Int("mem-clients", 0, "clients per algorithm in the memory runs (default 100000)")
+	freqs := fs.Int("filter-requests", -1, "requests per benchmark of the Envoy filter (default 100000; 0 skips the filter)")
 	fs.StringVar(&c.Render, "render", "", "write the report from this results.json instead of measuring")
 	fs.StringVar(&c.Only, "only", "", "run only the subjects whose name matches this regexp (memory: \"memory\")")
 	if err := fs.Parse(args); err != nil {
@@ -108,6 +115,9 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	}
 	if *mem > 0 {
 		c.MemClients = *mem
+	}
+	if *freqs >= 0 {
+		c.FilterReqs = *freqs
 	}
 	if *conc != "" {
 		c.Conc = nil
@@ -183,6 +193,7 @@ type results struct {
 	Subjects []subjectInfo `json:"subjects"`
 	Cells    []cell        `json:"cells"`
 	Memory   []memRow      `json:"memory"`
+	Filter   []filterRow   `json:"filter,omitempty"`
 }
 
 type subjectInfo struct {
@@ -209,6 +220,7 @@ type meta struct {
 	LoadBefore   string   `json:"loadavg_before"`
 	LoadAfter    string   `json:"loadavg_after"`
 	PoolSize     int      `json:"redis_pool_size"`
+	FilterCount  int      `json:"filter_runs,omitempty"`
 }
 
 // run is the bench's core: it starts Redis (unless cfg.RedisURL is set), measures
@@ -271,6 +283,10 @@ func run(ctx context.Context, cfg config, progressOut io.Writer) (*results, erro
 	withMemory := only == nil || only.MatchString("memory")
 	if withMemory {
 		total += len(algoNames()) + 2 // and redis_rate, and the floor row
+	}
+	withFilter := cfg.FilterReqs > 0 && (only == nil || only.MatchString("filter"))
+	if withFilter {
+		total += 2
 	}
 	prog := newProgress(progressOut, total)
 	defer prog.finish()
@@ -337,6 +353,13 @@ func run(ctx context.Context, cfg config, progressOut io.Writer) (*results, erro
 			return nil, err
 		}
 		res.Memory = rows
+	}
+	if withFilter {
+		rows, err := filterRuns(ctx, cfg.FilterStart, cfg.FilterReqs, cfg.Rounds, prog.step)
+		if err != nil {
+			return nil, err
+		}
+		res.Filter, res.Meta.FilterCount = rows, cfg.Rounds
 	}
 	res.Meta.LoadAfter = loadavg()
 	return res, nil

@@ -265,6 +265,8 @@ func reportMarkdown(r *results) []byte {
 	}
 	fmt.Fprintf(&b, "\nused_memory growth includes the key, the value, the TTL entry and each key's share of Redis's hash tables; MEMORY USAGE counts the key and value only. %q is the floor of any limiter that keeps one key with a TTL per client and stores a timestamp in it: a plain `SET` of a 16-digit integer with a TTL, under the key tollgate's gcra uses. A small count (fixed_window) can cost less: Redis shares the robjs of the integers below 10,000, unless maxmemory-policy is an LRU or LFU one.\n", floorRow)
 
+	filterSection(&b, r)
+
 	for _, ks := range []keyset{distinct, hot} {
 		fmt.Fprintf(&b, "\n## Every cell: %s\n\n", ksTitle(ks, m.Clients))
 		fullTable(&b, r, ks)

@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,13 +35,18 @@ import (
 )
 
 // Build compiles the Go package in dir into a proxy-wasm module at out, as
-// `make wasm` does: GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared.
-func Build(ctx context.Context, dir, out string) error {
+// `make wasm` does: GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared. Build
+// tags, if any, select a variant of the package (go build -tags).
+func Build(ctx context.Context, dir, out string, tags ...string) error {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		return fmt.Errorf("wasmhost: build %s: the go command is not on PATH: %w", dir, err)
 	}
-	cmd := exec.CommandContext(ctx, goBin, "build", "-buildmode=c-shared", "-o", out, ".")
+	args := []string{"build", "-buildmode=c-shared", "-trimpath", "-o", out}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
+	}
+	cmd := exec.CommandContext(ctx, goBin, append(args, ".")...)
 	cmd.Dir = dir
 	// GOFLAGS is cleared so that a -race of the calling test does not reach the wasm build.
 	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0", "GOFLAGS=")
@@ -231,6 +237,9 @@ type VM struct {
 	logs    [][]string // by level
 	shared  *SharedData
 	malloc  api.Function
+	// exports caches the exports called: wazero makes a new call engine, with its
+	// own stack, for each ExportedFunction.
+	exports map[string]api.Function
 }
 
 type vmKey struct{}
@@ -245,7 +254,7 @@ func (rt *Runtime) NewVM(ctx context.Context, opts Options) (*VM, error) {
 		opts.Shared = NewSharedData()
 	}
 	vm := &VM{opts: opts, stderr: &bytes.Buffer{}, rootID: 1, nextID: 2,
-		streams: map[uint32]*stream{}, pending: map[uint32]Callout{},
+		streams: map[uint32]*stream{}, pending: map[uint32]Callout{}, exports: map[string]api.Function{},
 		logs: make([][]string, LogCritical+1), shared: opts.Shared}
 	vm.ctx = context.WithValue(context.WithoutCancel(ctx), vmKey{}, vm)
 	clock := opts.Clock
@@ -284,6 +293,15 @@ func (vm *VM) Close(ctx context.Context) error {
 	return vm.mod.Close(ctx)
 }
 
+// MemorySize returns the size of the VM's linear memory in bytes. A wasm memory
+// only grows, so this is the most the guest has ever needed at once: Envoy keeps a
+// VM as long as its configuration, and this must level off.
+func (vm *VM) MemorySize() uint32 {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	return vm.mod.Memory().Size()
+}
+
 // output returns what the guest wrote to stdout and stderr (a panic's message), to
 // append to an error.
 func (vm *VM) output() string {
@@ -298,9 +316,12 @@ func (vm *VM) call(context uint32, name string, params ...uint64) (uint64, error
 	if vm.broken != nil {
 		return 0, vm.broken
 	}
-	fn := vm.mod.ExportedFunction(name)
+	fn := vm.exports[name]
 	if fn == nil {
-		return 0, fmt.Errorf("wasmhost: the module does not export %s", name)
+		if fn = vm.mod.ExportedFunction(name); fn == nil {
+			return 0, fmt.Errorf("wasmhost: the module does not export %s", name)
+		}
+		vm.exports[name] = fn
 	}
 	vm.current = context
 	res, err := fn.Call(vm.ctx, params...)
