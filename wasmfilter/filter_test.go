@@ -643,9 +643,9 @@ func TestShaping(t *testing.T) {
 	})
 }
 
-// TestCalloutIDsRepeat answers callouts out of order while the emulator, like Envoy,
-// hands out a callout ID again once its answer arrived: each answer must reach its
-// own request.
+// TestCalloutIDsRepeat answers callouts out of order while the host hands out a callout
+// ID again once its answer arrived (Envoy repeats an ID only after its counter wraps;
+// repeating at once is the harsher test): each answer must reach its own request.
 func TestCalloutIDsRepeat(t *testing.T) {
 	forBackends(t, func(t *testing.T, be backend) {
 		host, _ := startFilter(t, be, cfg(`"deny_cache": {"enabled": false}`))

@@ -100,9 +100,12 @@ func TestSocketsEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		req.Header.Set("X-Api-Key", apiKey)
-		resp, err := http.DefaultClient.Do(req)
+		// A request the filter holds for ever (a broken tick) fails here, not at the
+		// suite's timeout.
+		client := &http.Client{Timeout: 10 * time.Second}
+		resp, err := client.Do(req)
 		if err != nil {
-			t.Fatalf("GET %s: %v", path, err)
+			t.Fatalf("GET %s (key %s): %v", path, apiKey, err)
 		}
 		defer resp.Body.Close()
 		body, err := io.ReadAll(resp.Body)

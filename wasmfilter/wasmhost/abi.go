@@ -418,8 +418,9 @@ func proxyHttpCall(vm *VM, m api.Module, s []uint64) status {
 	if !ok1 || !ok2 {
 		return statusBadArgument
 	}
-	// Like Envoy, a callout ID is handed out again once its answer was delivered:
-	// take the lowest free one.
+	// A callout ID is handed out again once its answer was delivered: take the lowest
+	// free one. Envoy counts IDs up and repeats one only after wrap-around; repeating at
+	// once is the harsher test of a filter that must route each answer to its request.
 	id := uint32(1)
 	for {
 		if _, busy := vm.pending[id]; !busy {
