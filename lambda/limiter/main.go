@@ -295,7 +295,6 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 	s.handler = decision.NewHandler(eng, decision.Options{
 		AdminToken: c.AdminToken,
 		Admin:      store,
-		Ready:      store.Ping,
 		Registry:   reg,
 		Logger:     log,
 	})

@@ -50,7 +50,10 @@ type Options struct {
 	AdminToken string
 	// Admin serves the admin endpoints; required when AdminToken is set.
 	Admin Admin
-	// Ready reports whether the service can decide (Redis reachable, scripts loaded).
+	// Ready is an extra readiness check, beside the engine's Health, which already
+	// checks every node of the store through its breaker and loads the scripts. Do not
+	// pass a node store's Ping: both checks would go through the same breakers, and
+	// the one that lost a breaker's single probe would report it open.
 	Ready func(ctx context.Context) error
 	// Registry serves /metrics when set.
 	Registry *prometheus.Registry

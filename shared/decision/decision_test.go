@@ -64,7 +64,7 @@ func newService(t *testing.T, adminToken string) service {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := decision.NewHandler(eng, decision.Options{AdminToken: adminToken, Admin: store, Ready: store.Ping, Registry: reg})
+	h := decision.NewHandler(eng, decision.Options{AdminToken: adminToken, Admin: store, Registry: reg})
 	hs := httptest.NewServer(h)
 	t.Cleanup(hs.Close)
 	return service{url: hs.URL, srv: srv}

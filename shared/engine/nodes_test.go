@@ -181,9 +181,10 @@ func TestClusterMasterKilled(t *testing.T) {
 // open_for (5s here): the breaker probes after 200ms and backs off from there.
 func TestShortOutageCostsAboutItsLength(t *testing.T) {
 	const outage = 500 * time.Millisecond
-	// maxCost bounds the failure-mode window: the outage, the probe that just missed
-	// the end of it (at most as late again), and room for a loaded machine.
-	const maxCost = 2 * time.Second
+	// maxCost bounds the failure-mode window as the issue asks ("at most about 1.5s"):
+	// the outage, the probe that just missed the end of it (at most as late again,
+	// 2d + 0.2s = 1.2s), and 0.3s of room for a loaded machine.
+	const maxCost = 1500 * time.Millisecond
 	tests := []struct {
 		name  string
 		fault func(t *testing.T, srv *redistest.Server)
