@@ -1,256 +1,211 @@
-package decision
+package decision_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/textproto"
 	"reflect"
-	"strconv"
+	"strings"
 	"testing"
 	"testing/iotest"
 	"time"
 
-	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/decision"
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/policy"
 )
 
-// referencePolicy decides with every kind of answer: allowed, denied, delayed
-// (leaky_bucket), shadowed, several limits, no rule matched.
-const referencePolicy = `
-domain: test
-shard_by: api_key
-rules:
-  - {name: gc, match: {api_key: "*", path: /gcra}, limits: [{algorithm: gcra, rate: 2/s}]}
-  - {name: lb, match: {api_key: "*", path: /leaky_bucket}, limits: [{algorithm: leaky_bucket, rate: 2/s}]}
-  - {name: sl, match: {api_key: "*", path: /sliding_log}, limits: [{algorithm: sliding_log, rate: 2/s, record: user}]}
-  - {name: br, match: {api_key: "*", path: /bucket_ring}, limits: [{algorithm: bucket_ring, rate: 2/s}, {algorithm: bucket_ring, rate: 3/2s}]}
-  - {name: watch, match: {api_key: "*", path: /shadowed}, shadow: true, limits: [{algorithm: fixed_window, rate: 1/min}]}
-  - {name: per-key, match: {api_key: "*", path: /both}, limits: [{algorithm: fixed_window, rate: 5/min}]}
-  - {name: global, match: {path: /both}, limits: [{algorithm: fixed_window, rate: 2/min}]}
-`
-
-// newReferencePair returns two handlers on twin in-process engines whose clocks
-// advance 70ms per reading: the same requests in the same order get the same
-// verdicts from both.
-func newReferencePair(tb testing.TB) (*handler, *handler) {
-	tb.Helper()
-	p, err := policy.Parse([]byte(referencePolicy))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	pair := [2]*handler{}
-	for i := range pair {
-		now := time.Unix(1_700_000_000, 0)
-		clock := func() time.Time {
-			now = now.Add(70 * time.Millisecond)
-			return now
+// manyAttributes returns a body with n attributes.
+func manyAttributes(n int) string {
+	var b strings.Builder
+	b.WriteString(`{"domain":"test","attributes":{`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
 		}
-		eng, err := engine.New(engine.Config{Policy: p, Clock: clock, Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		pair[i] = &handler{eng: eng, log: slog.New(slog.DiscardHandler)}
+		fmt.Fprintf(&b, `"a%02d":"v"`, i)
 	}
-	return pair[0], pair[1]
+	b.WriteString("}}")
+	return b.String()
 }
 
-// referenceCheck is /v1/check as it was written before its answer was encoded by
-// hand: the behaviour check must keep.
-func referenceCheck(h *handler, w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
-	if err != nil {
-		referenceWriteJSON(w, http.StatusBadRequest, ErrorResponse{Error: "reading body: " + err.Error()})
-		return
-	}
-	req, perr := parseCheckRequest(body, false)
-	if perr != nil {
-		referenceWriteJSON(w, http.StatusBadRequest, perr)
-		return
-	}
-	v, err := h.eng.Check(r.Context(), req)
-	if err != nil {
-		if errors.Is(err, engine.ErrBadRequest) {
-			field := ""
-			if errors.Is(err, engine.ErrUnknownDomain) {
-				field = "domain"
-			}
-			referenceWriteJSON(w, http.StatusBadRequest, ErrorResponse{Error: err.Error(), Field: field})
-			return
-		}
-		referenceWriteJSON(w, http.StatusInternalServerError, ErrorResponse{Error: "internal error"})
-		return
-	}
-	status := http.StatusOK
-	switch {
-	case v.Reason == engine.ReasonUnavailable:
-		status = http.StatusServiceUnavailable
-	case !v.Allowed:
-		status = http.StatusTooManyRequests
-	}
-	for _, kv := range v.Headers() {
-		w.Header().Set(kv[0], kv[1])
-	}
-	if v.Delay > 0 {
-		w.Header().Set(DelayHeader, strconv.FormatInt(ms(v.Delay), 10))
-	}
-	referenceWriteJSON(w, status, Response(req.Domain, v))
+// parseCases are bodies of /v1/check and what ParseCheckRequest makes of them: a
+// request, or an error naming field (empty for the body as a whole) and containing
+// err. They also seed FuzzCheckBody.
+var parseCases = []struct {
+	body       string
+	want       engine.Request
+	field, err string
+}{
+	{body: `{"domain":"test","attributes":{"api_key":"k1","path":"/gcra"},"cost":1}`,
+		want: engine.Request{Domain: "test", Attributes: map[string]string{"api_key": "k1", "path": "/gcra"}, Cost: 1}},
+	{body: ` { "cost" : 0 , "attributes" : { } , "domain" : "test" } ` + "\n\t\r",
+		want: engine.Request{Domain: "test", Attributes: map[string]string{}, Cost: 0}},
+	{body: `{"domain":"te\u0073t","attributes":{"k":"a\"b","path_with_query":"/search?q=a&page=2"}}`,
+		want: engine.Request{Domain: "test", Attributes: map[string]string{"k": `a"b`, "path_with_query": "/search?q=a&page=2"}, Cost: 1}},
+	{body: `{"domain":"t\u00e9st","attributes":{"k":"日本\u2028<&>"}}`,
+		want: engine.Request{Domain: "tést", Attributes: map[string]string{"k": "日本\u2028<&>"}, Cost: 1}},
+	{body: `{"domain":"test","attributes":{"a":null},"cost":null}`,
+		want: engine.Request{Domain: "test", Attributes: map[string]string{"a": ""}, Cost: 1}},
+	{body: `{"domain":"test","cost":-0}`, want: engine.Request{Domain: "test", Cost: 0}},
+	{body: fmt.Sprintf(`{"domain":"test","cost":%d}`, engine.MaxCost), want: engine.Request{Domain: "test", Cost: engine.MaxCost}},
+
+	// Each name once, in the body and in attributes: the last of two used to win,
+	// so "cost":1,"cost":100000 charged 100,000.
+	{body: `{"domain":"d","domain":"e"}`, field: "domain", err: "domain is given twice"},
+	{body: `{"domain":"test","cost":1,"cost":100000}`, field: "cost", err: "cost is given twice"},
+	{body: `{"domain":"test","attributes":{"a":"1","a":"2"}}`, field: "attributes.a", err: "given twice"},
+	{body: `{"domain":"a","attributes":{"x":"1"},"attributes":{"y":"2"}}`, field: "attributes", err: "given twice"},
+	// Names match exactly: "DOMAIN" used to be taken for "domain".
+	{body: `{"DOMAIN":"test"}`, field: "DOMAIN", err: `unknown field "DOMAIN"; known fields: domain, attributes, cost`},
+	{body: `{"Domain":"test","COST":2}`, field: "Domain", err: `unknown field "Domain"`},
+	{body: `{"domain":"test","colour":1}`, field: "colour", err: `unknown field "colour"`},
+	{body: `{"domain":"test","a/b~c":1}`, field: "a/b~c", err: `unknown field "a/b~c"`},
+
+	{body: "{\"domain\":\"test\",\"attributes\":{\"api_key\":\"\xff\xfe\"}}", err: "not valid UTF-8"},
+	{body: "\xff", err: "not valid UTF-8"},
+	// Nothing after the object: a stray } or ] after it used to be ignored.
+	{body: `{"domain":"test"} }`, err: "more than one JSON value"},
+	{body: `{"domain":"test"}]`, err: "more than one JSON value"},
+	{body: `{"domain":"test"} {}`, err: "more than one JSON value"},
+	{body: `{"domain":"test"} x`, err: "more than one JSON value"},
+	{body: "{\"domain\":\"test\"}\x00", err: "more than one JSON value"},
+	{body: `{"domain":"test"}` + strings.Repeat(" ", 10), want: engine.Request{Domain: "test", Cost: 1}},
+
+	{body: `{"domain":"test"`, err: "malformed JSON at byte"},
+	{body: `{"domain":"test",}`, err: "malformed JSON at byte"},
+	{body: `{"domain" "test"}`, err: "malformed JSON at byte"},
+	{body: `{"domain":"te` + "\n" + `st"}`, err: "malformed JSON at byte"},
+	{body: `{"domain":"test","cost":01}`, err: "malformed JSON at byte"},
+	{body: `{"domain":"test","cost":+1}`, err: "malformed JSON at byte"},
+	{body: "\ufeff{\"domain\":\"test\"}", err: "malformed JSON at byte"},
+	{body: `{`, err: "malformed JSON at byte"},
+	{body: ``, err: "empty body"},
+	{body: " \n", err: "empty body"},
+
+	{body: `[1,2]`, err: "the body must be a JSON object, not a JSON array"},
+	{body: `"domain"`, err: "the body must be a JSON object, not a JSON string"},
+	{body: `null`, field: "domain", err: "domain is required"},
+	{body: `{}`, field: "domain", err: "domain is required"},
+	{body: `{"domain":""}`, field: "domain", err: "domain is required"},
+	{body: `{"domain":5}`, field: "domain", err: "domain must be a string, not a JSON number"},
+	{body: `{"domain":"test","attributes":{"a":5}}`, field: "attributes.a", err: "attributes.a must be a string, not a JSON number"},
+	{body: `{"domain":"test","attributes":{"a/b":true}}`, field: "attributes.a/b", err: "must be a string, not a JSON boolean"},
+	{body: `{"domain":"test","attributes":["a"]}`, field: "attributes", err: "attributes must be an object of strings, not a JSON array"},
+	{body: `{"domain":"test","cost":1e99}`, field: "cost", err: "cost must be a whole number, not a JSON number 1e99"},
+	{body: `{"domain":"test","cost":1.0}`, field: "cost", err: "cost must be a whole number"},
+	{body: `{"domain":"test","cost":"1"}`, field: "cost", err: "cost must be a whole number, not a JSON string"},
+	{body: `{"domain":"test","cost":9999999999999999999}`, field: "cost", err: "cost must be a whole number"},
+	{body: `{"domain":"test","cost":-1}`, field: "cost", err: "cost must be from 0 to 1048576"},
+	{body: fmt.Sprintf(`{"domain":"test","cost":%d}`, engine.MaxCost+1), field: "cost", err: "cost must be from 0 to"},
+	{body: manyAttributes(engine.MaxAttributes + 1), field: "attributes", err: "65 attributes; at most 64"},
+	{body: `{"domain":"test","attributes":{"api_key":"` + strings.Repeat("x", 1025) + `"}}`, field: "attributes.api_key", err: "value longer than 1024 bytes"},
+	{body: `{"domain":"test","attributes":{"a":"` + strings.Repeat("x", decision.MaxBody) + `"}}`, err: "body is larger than 16384 bytes"},
 }
 
-func referenceWriteJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		status, b = http.StatusInternalServerError, []byte(`{"error":"internal error"}`)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
-}
-
-// checkSame fails t unless h.check and referenceCheck on ref answer body alike:
-// status, headers and body byte for byte. It returns check's answer.
-func checkSame(t *testing.T, h, ref *handler, body []byte) *httptest.ResponseRecorder {
-	t.Helper()
-	got, want := httptest.NewRecorder(), httptest.NewRecorder()
-	h.check(got, httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/check", bytes.NewReader(body)))
-	referenceCheck(ref, want, httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/check", bytes.NewReader(body)))
-	if got.Code != want.Code || !reflect.DeepEqual(got.Header(), want.Header()) || got.Body.String() != want.Body.String() {
-		t.Fatalf("POST %q = %d %v %q, want %d %v %q", body, got.Code, got.Header(), got.Body, want.Code, want.Header(), want.Body)
-	}
-	return got
-}
-
-var referenceBodies = []string{
-	`{"domain":"test","attributes":{"api_key":"k1","path":"/gcra"}}`,
-	`{"domain":"test","attributes":{"api_key":"k1","path":"/leaky_bucket"},"cost":1}`,
-	`{"domain":"test","attributes":{"api_key":"k1","path":"/leaky_bucket"}}`,
-	`{"domain":"test","attributes":{"api_key":"k1","path":"/sliding_log","user":"u<&>\u2028"}}`,
-	`{"domain":"test","attributes":{"api_key":"k1","path":"/bucket_ring"}}`,
-	`{"domain":"test","attributes":{"api_key":"k1","path":"/shadowed"}}`,
-	`{"domain":"test","attributes":{"api_key":"k1","path":"/both"}}`,
-	`{"domain":"test","attributes":{"api_key":"k1","path":"/both"},"cost":0}`,
-	`{"domain":"test","attributes":{"api_key":"k1","path":"/nowhere"}}`,
-	`{"domain":"test","attributes":{"api_key":"k1","path":"/gcra"},"cost":3}`,
-	`{"domain":"test","attributes":{"api_key":"k1","path":"/gcra"},"cost":1048577}`,
-	`{"domain":"nope","attributes":{}}`,
-	`{"attributes":{}}`,
-	`{"domain":"test","attributes":{},"colour":1}`,
-	`{"domain":"test","attributes":{"api_key":5}}`,
-	`{"domain":"test","cost":1e99}`,
-	`{"domain":"test"} {}`,
-	"{\"domain\":\"test\",\"attributes\":{\"api_key\":\"\xff\"}}",
-	``,
-	`[1]`,
-}
-
-func TestCheckMatchesReference(t *testing.T) {
+func TestParseCheckRequest(t *testing.T) {
 	t.Parallel()
-	h, ref := newReferencePair(t)
-	seen := map[string]bool{}
-	for range 4 { // again and again, to reach denials and reuse the pooled buffers
-		for _, body := range referenceBodies {
-			a := checkSame(t, h, ref, []byte(body))
-			seen[strconv.Itoa(a.Code)] = true
-			for k := range a.Header() {
-				seen[k] = true
+	for _, tc := range parseCases {
+		req, perr := decision.ParseCheckRequest([]byte(tc.body))
+		if tc.err == "" {
+			if perr != nil || !reflect.DeepEqual(req, tc.want) {
+				t.Errorf("ParseCheckRequest(%.80q) = %+v, %+v; want %+v, nil", tc.body, req, perr, tc.want)
 			}
+			continue
+		}
+		if perr == nil || perr.Field != tc.field || !strings.Contains(perr.Error, tc.err) {
+			t.Errorf("ParseCheckRequest(%.80q) = %+v, %+v; want an error on field %q containing %q", tc.body, req, perr, tc.field, tc.err)
 		}
 	}
-	checkSame(t, h, ref, append([]byte(`{"domain":"test","attributes":{"api_key":"`), bytes.Repeat([]byte("x"), MaxBody)...))
-	for _, want := range []string{"200", "429", "400", DelayHeader, "Retry-After", "Ratelimit-Policy"} {
-		if !seen[want] {
-			t.Errorf("the answers had no %s, want the bodies to reach one", want)
-		}
+	many := manyAttributes(engine.MaxAttributes)
+	if req, perr := decision.ParseCheckRequest([]byte(many)); perr != nil || len(req.Attributes) != engine.MaxAttributes {
+		t.Errorf("ParseCheckRequest(%d attributes) = %d attributes, %+v; want them all", engine.MaxAttributes, len(req.Attributes), perr)
 	}
 }
 
-// FuzzCheckMatchesReference sends arbitrary bodies to check and to referenceCheck:
-// the answers must be the same, byte for byte.
-func FuzzCheckMatchesReference(f *testing.F) {
-	for _, body := range referenceBodies {
-		f.Add([]byte(body))
+// inProcessHandler returns the handler on an in-process engine for testPolicy whose
+// clock starts at a fixed time and advances 70ms per reading.
+func inProcessHandler(t testing.TB) http.Handler {
+	t.Helper()
+	p, err := policy.Parse([]byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
 	}
-	h, ref := newReferencePair(f)
-	f.Fuzz(func(t *testing.T, body []byte) {
-		checkSame(t, h, ref, body)
-	})
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time {
+		now = now.Add(70 * time.Millisecond)
+		return now
+	}
+	eng, err := engine.New(engine.Config{Policy: p, Clock: clock, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return decision.NewHandler(eng, decision.Options{Logger: slog.New(slog.DiscardHandler)})
+}
+
+// TestCheckAnswerBytes pins /v1/check's answers byte for byte — status, headers and
+// body — as encoding/json wrote them before the JSON library changed: field order,
+// omitted fields, <, > and & escaped.
+func TestCheckAnswerBytes(t *testing.T) {
+	t.Parallel()
+	h := inProcessHandler(t)
+	steps := []struct {
+		body   string
+		status int
+		header http.Header
+		answer string
+	}{
+		{`{"domain":"test","attributes":{"api_key":"k<&>","path":"/gcra"}}`, http.StatusOK,
+			http.Header{"Ratelimit": {`"gc";r=1;t=1`}, "Ratelimit-Policy": {`"gc";q=2;w=1`}, "X-Ratelimit-Limit": {"2"}, "X-Ratelimit-Remaining": {"1"}, "X-Ratelimit-Reset": {"1"}},
+			`{"allowed":true,"domain":"test","rule":"gc","limit":2,"remaining":1,"reset_after_ms":500,"retry_after_ms":0,"delay_ms":0,"degraded":false,"limits":[{"rule":"gc","algorithm":"gcra","allowed":true,"shadow":false,"limit":2,"window_ms":1000,"remaining":1,"reset_after_ms":500,"retry_after_ms":0,"delay_ms":0}]}`},
+		{`{"domain":"test","attributes":{"api_key":"k<&>","path":"/gcra"},"cost":2}`, http.StatusTooManyRequests,
+			http.Header{"Ratelimit": {`"gc";r=1;t=1`}, "Ratelimit-Policy": {`"gc";q=2;w=1`}, "Retry-After": {"1"}, "X-Ratelimit-Limit": {"2"}, "X-Ratelimit-Remaining": {"1"}, "X-Ratelimit-Reset": {"1"}},
+			`{"allowed":false,"domain":"test","rule":"gc","reason":"over_limit","limit":2,"remaining":1,"reset_after_ms":360,"retry_after_ms":360,"delay_ms":0,"degraded":false,"limits":[{"rule":"gc","algorithm":"gcra","allowed":false,"shadow":false,"limit":2,"window_ms":1000,"remaining":1,"reset_after_ms":360,"retry_after_ms":360,"delay_ms":0}]}`},
+		{`{"domain":"test","attributes":{"api_key":"k1","path":"/leaky_bucket"}}`, http.StatusOK,
+			http.Header{"Ratelimit": {`"lb";r=1;t=1`}, "Ratelimit-Policy": {`"lb";q=2;w=1`}, "X-Ratelimit-Limit": {"2"}, "X-Ratelimit-Remaining": {"1"}, "X-Ratelimit-Reset": {"1"}},
+			`{"allowed":true,"domain":"test","rule":"lb","limit":2,"remaining":1,"reset_after_ms":500,"retry_after_ms":0,"delay_ms":0,"degraded":false,"limits":[{"rule":"lb","algorithm":"leaky_bucket","allowed":true,"shadow":false,"limit":2,"window_ms":1000,"remaining":1,"reset_after_ms":500,"retry_after_ms":0,"delay_ms":0}]}`},
+		{`{"domain":"test","attributes":{"api_key":"k1","path":"/leaky_bucket"}}`, http.StatusOK,
+			http.Header{decision.DelayHeader: {"360"}},
+			`{"allowed":true,"domain":"test","rule":"lb","limit":2,"remaining":0,"reset_after_ms":860,"retry_after_ms":0,"delay_ms":360,"degraded":false,"limits":[{"rule":"lb","algorithm":"leaky_bucket","allowed":true,"shadow":false,"limit":2,"window_ms":1000,"remaining":0,"reset_after_ms":860,"retry_after_ms":0,"delay_ms":360}]}`},
+		{`{"domain":"test","attributes":{"api_key":"k1","path":"/nowhere"}}`, http.StatusOK,
+			http.Header{},
+			`{"allowed":true,"domain":"test","limit":0,"remaining":0,"reset_after_ms":0,"retry_after_ms":0,"delay_ms":0,"degraded":false,"limits":[]}`},
+		{`{"domain":"nope<&>"}`, http.StatusBadRequest, http.Header{},
+			`{"error":"bad request: unknown domain \"nope\u003c\u0026\u003e\": this service decides domain \"test\"","field":"domain"}`},
+		{`{"domain":"test","colour":1}`, http.StatusBadRequest, http.Header{},
+			`{"error":"unknown field \"colour\"; known fields: domain, attributes, cost","field":"colour"}`},
+	}
+	for i, s := range steps {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/check", strings.NewReader(s.body)))
+		if rec.Code != s.status {
+			t.Fatalf("step %d: POST %s = %d %s, want %d", i, s.body, rec.Code, rec.Body, s.status)
+		}
+		if got := rec.Header().Get("Content-Type"); got != "application/json" {
+			t.Errorf("step %d: Content-Type = %q, want application/json", i, got)
+		}
+		for k, v := range s.header {
+			if got := rec.Header()[k]; !reflect.DeepEqual(got, v) {
+				t.Errorf("step %d: header %s = %q, want %q", i, k, got, v)
+			}
+		}
+		if rec.Body.String() != s.answer+"\n" {
+			t.Errorf("step %d: POST %s answered\n%s\nwant\n%s", i, s.body, rec.Body, s.answer)
+		}
+	}
 }
 
 func TestCheckReadError(t *testing.T) {
 	t.Parallel()
-	h, ref := newReferencePair(t)
-	body := func() io.Reader {
-		return io.MultiReader(bytes.NewReader([]byte(`{"domain":`)), iotest.ErrReader(errors.New("connection reset")))
-	}
-	got, want := httptest.NewRecorder(), httptest.NewRecorder()
-	h.check(got, httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/check", body()))
-	referenceCheck(ref, want, httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/check", body()))
-	if got.Code != want.Code || got.Body.String() != want.Body.String() {
-		t.Errorf("POST with a failing body = %d %q, want %d %q", got.Code, got.Body, want.Code, want.Body)
-	}
-}
-
-func TestCanonicalKey(t *testing.T) {
-	t.Parallel()
-	names := []string{DelayHeader, "x-custom", "content-type", "RATELIMIT"}
-	for _, kv := range algo.Headers("r", algo.Decision{Allowed: false, Limit: 1, Period: time.Second}) {
-		names = append(names, kv[0])
-	}
-	if len(names) < 10 {
-		t.Fatalf("algo.Headers of a denial named %d headers, want 6", len(names)-4)
-	}
-	for _, k := range names {
-		if got, want := canonicalKey(k), textproto.CanonicalMIMEHeaderKey(k); got != want {
-			t.Errorf("canonicalKey(%q) = %q, want %q", k, got, want)
-		}
-	}
-	if got := textproto.CanonicalMIMEHeaderKey(DelayHeader); got != DelayHeader {
-		t.Errorf("DelayHeader %q is not canonical (%q): setHeaders stores it as it is", DelayHeader, got)
-	}
-}
-
-func TestSetHeaders(t *testing.T) {
-	t.Parallel()
-	denial := algo.Headers("r", algo.Decision{Allowed: false, Limit: 5, Period: time.Minute, RetryAfter: time.Second})
-	tests := []struct {
-		name  string
-		kvs   [][2]string
-		delay string
-	}{
-		{"none", nil, ""},
-		{"denial", denial, ""},
-		{"delay only", nil, "250"},
-		{"allowed with delay", algo.Headers("r", algo.Decision{Allowed: true, Limit: 5, Period: time.Minute}), "17"},
-		{"other names", [][2]string{{"x-custom", "1"}, {"Retry-After", "3"}}, ""},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			got, want := http.Header{"Content-Type": {"text/plain"}, "Retry-After": {"old"}}, http.Header{"Content-Type": {"text/plain"}, "Retry-After": {"old"}}
-			setHeaders(got, tc.kvs, tc.delay)
-			for _, kv := range tc.kvs {
-				want.Set(kv[0], kv[1])
-			}
-			if tc.delay != "" {
-				want.Set(DelayHeader, tc.delay)
-			}
-			if !reflect.DeepEqual(got, want) {
-				t.Fatalf("setHeaders(%v, %q) = %v, want %v", tc.kvs, tc.delay, got, want)
-			}
-			// Adding to one header must not overwrite another's value.
-			for k := range got {
-				got.Add(k, "added")
-				want.Add(k, "added")
-			}
-			if !reflect.DeepEqual(got, want) {
-				t.Errorf("setHeaders(%v, %q), then Add to each = %v, want %v", tc.kvs, tc.delay, got, want)
-			}
-		})
+	h := inProcessHandler(t)
+	body := io.MultiReader(strings.NewReader(`{"domain":`), iotest.ErrReader(errors.New("connection reset")))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/check", body))
+	if want := `{"error":"reading body: connection reset"}` + "\n"; rec.Code != http.StatusBadRequest || rec.Body.String() != want {
+		t.Errorf("POST with a failing body = %d %q, want 400 %q", rec.Code, rec.Body, want)
 	}
 }

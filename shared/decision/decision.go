@@ -14,12 +14,14 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/textproto"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -65,7 +67,6 @@ type handler struct {
 	eng  *engine.Engine
 	opts Options
 	log  *slog.Logger
-	bufs bufPool // /v1/check's body and answer buffers
 }
 
 // NewHandler returns the decision service's handler on eng.
@@ -143,53 +144,37 @@ func ms(d time.Duration) int64 {
 }
 
 // ParseCheckRequest decodes and checks a /v1/check body. Errors name the field.
+//
+// The body is decoded by github.com/go-json-experiment/json (encoding/json/v2),
+// which is strict where encoding/json is lenient: names must match exactly
+// ("Domain" is an unknown field), and a name given twice (in the body or in
+// attributes), invalid UTF-8 or anything after the object is an error, as is an
+// unknown field. Answers are written by encoding/json.
 func ParseCheckRequest(body []byte) (engine.Request, *ErrorResponse) {
-	return parseCheckRequest(body, true)
-}
-
-// checkFields are the fields of a /v1/check body as decoded, before they are checked.
-type checkFields struct {
-	domain  string
-	attrs   map[string]string
-	cost    int64
-	hasCost bool // cost was present
-}
-
-// parseCheckRequest is ParseCheckRequest. With scan, a plain well-formed body is
-// decoded by scanCheckRequest; every other body, and every body without scan, by
-// encoding/json (decodeCheckRequest), whose errors the answer reports.
-func parseCheckRequest(body []byte, scan bool) (engine.Request, *ErrorResponse) {
 	if len(body) > MaxBody {
 		return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("body is larger than %d bytes", MaxBody)}
 	}
 	if !utf8.Valid(body) {
 		return engine.Request{}, &ErrorResponse{Error: "body is not valid UTF-8"}
 	}
-	var cf checkFields
-	ok := false
-	if scan {
-		cf, ok = scanCheckRequest(body)
+	var cr CheckRequest
+	if err := jsonv2.Unmarshal(body, &cr, jsonv2.RejectUnknownMembers(true)); err != nil {
+		return engine.Request{}, jsonError(body, err)
 	}
-	if !ok {
-		var perr *ErrorResponse
-		if cf, perr = decodeCheckRequest(body); perr != nil {
-			return engine.Request{}, perr
-		}
-	}
-	if cf.domain == "" {
+	if cr.Domain == "" {
 		return engine.Request{}, &ErrorResponse{Error: `domain is required, e.g. {"domain": "public-api", "attributes": {...}}`, Field: "domain"}
 	}
-	if len(cf.attrs) > engine.MaxAttributes {
-		return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("%d attributes; at most %d", len(cf.attrs), engine.MaxAttributes), Field: "attributes"}
+	if len(cr.Attributes) > engine.MaxAttributes {
+		return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("%d attributes; at most %d", len(cr.Attributes), engine.MaxAttributes), Field: "attributes"}
 	}
-	for k, v := range cf.attrs {
+	for k, v := range cr.Attributes {
 		if len(v) > engine.MaxValueLength || len(k) > engine.MaxValueLength {
 			return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("value longer than %d bytes", engine.MaxValueLength), Field: "attributes." + truncate(k, 64)}
 		}
 	}
-	r := engine.Request{Domain: cf.domain, Attributes: cf.attrs, Cost: 1}
-	if cf.hasCost {
-		r.Cost = cf.cost
+	r := engine.Request{Domain: cr.Domain, Attributes: cr.Attributes, Cost: 1}
+	if cr.Cost != nil {
+		r.Cost = *cr.Cost
 		if r.Cost < 0 || r.Cost > engine.MaxCost {
 			return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("cost must be from 0 to %d", engine.MaxCost), Field: "cost"}
 		}
@@ -197,47 +182,70 @@ func parseCheckRequest(body []byte, scan bool) (engine.Request, *ErrorResponse) 
 	return r, nil
 }
 
-// decodeCheckRequest decodes body with encoding/json: one CheckRequest object, no
-// unknown fields, nothing after it.
-func decodeCheckRequest(body []byte) (checkFields, *ErrorResponse) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	var cr CheckRequest
-	if err := dec.Decode(&cr); err != nil {
-		return checkFields{}, jsonError(err)
+// jsonError turns an error of jsonv2.Unmarshal on body into an answer that names the
+// field and says what was wrong with it.
+func jsonError(body []byte, err error) *ErrorResponse {
+	var se *jsonv2.SemanticError
+	if errors.As(err, &se) {
+		field := fieldName(se.JSONPointer)
+		if errors.Is(err, jsonv2.ErrUnknownName) {
+			return &ErrorResponse{Error: fmt.Sprintf("unknown field %q; known fields: domain, attributes, cost", field), Field: field}
+		}
+		got := kindName(se.JSONKind)
+		if se.JSONKind == '0' && len(se.JSONValue) > 0 {
+			got += " " + string(se.JSONValue)
+		}
+		what := field
+		if what == "" {
+			what = "the body"
+		}
+		return &ErrorResponse{Error: fmt.Sprintf("%s must be %s, not a JSON %s", what, want(field), got), Field: field}
 	}
-	if dec.More() {
-		return checkFields{}, &ErrorResponse{Error: "body holds more than one JSON value"}
+	var ye *jsontext.SyntacticError
+	if !errors.As(err, &ye) {
+		return &ErrorResponse{Error: "malformed JSON: " + err.Error()}
 	}
-	cf := checkFields{domain: cr.Domain, attrs: cr.Attributes}
-	if cr.Cost != nil {
-		cf.cost, cf.hasCost = *cr.Cost, true
+	switch {
+	case len(bytes.Trim(body, " \t\r\n")) == 0:
+		return &ErrorResponse{Error: `empty body; send {"domain": ..., "attributes": {...}, "cost": 1}`}
+	case errors.Is(err, jsontext.ErrDuplicateName):
+		field := fieldName(ye.JSONPointer)
+		return &ErrorResponse{Error: fmt.Sprintf("%s is given twice; send each name once", field), Field: field}
+	case ye.ByteOffset <= int64(len(body)) && jsontext.Value(body[:ye.ByteOffset]).IsValid():
+		return &ErrorResponse{Error: fmt.Sprintf("body holds more than one JSON value: unexpected data at byte %d", ye.ByteOffset)}
 	}
-	return cf, nil
+	return &ErrorResponse{Error: fmt.Sprintf("malformed JSON at byte %d: %v", ye.ByteOffset, ye.Err)}
 }
 
-func jsonError(err error) *ErrorResponse {
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		field := te.Field
-		return &ErrorResponse{Error: fmt.Sprintf("%s must be %s, not a JSON %s", field, want(field), te.Value), Field: field}
+// fieldName writes a JSON pointer as the answer names fields: /attributes/api_key is
+// attributes.api_key.
+func fieldName(p jsontext.Pointer) string {
+	return strings.Join(slices.Collect(p.Tokens()), ".")
+}
+
+// kindName names a JSON kind as the JSON grammar does.
+func kindName(k jsontext.Kind) string {
+	switch k {
+	case '"':
+		return "string"
+	case '0':
+		return "number"
+	case 't', 'f':
+		return "boolean"
+	case 'n':
+		return "null"
+	case '{':
+		return "object"
+	case '[':
+		return "array"
 	}
-	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		return &ErrorResponse{Error: fmt.Sprintf("malformed JSON at byte %d: %v", se.Offset, err)}
-	}
-	if msg := err.Error(); strings.HasPrefix(msg, "json: unknown field ") {
-		f := strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`)
-		return &ErrorResponse{Error: fmt.Sprintf("unknown field %q; known fields: domain, attributes, cost", f), Field: f}
-	}
-	if errors.Is(err, io.EOF) {
-		return &ErrorResponse{Error: "empty body; send {\"domain\": ..., \"attributes\": {...}, \"cost\": 1}"}
-	}
-	return &ErrorResponse{Error: "malformed JSON: " + err.Error()}
+	return "value"
 }
 
 func want(field string) string {
 	switch {
+	case field == "":
+		return "a JSON object"
 	case field == "domain":
 		return "a string"
 	case field == "cost":
@@ -258,12 +266,7 @@ func truncate(s string, n int) string {
 }
 
 func (h *handler) check(w http.ResponseWriter, r *http.Request) {
-	// One pooled buffer holds the body and then the answer: the request's fields are
-	// copied out of the body before the answer overwrites it.
-	buf := h.bufs.get()
-	defer h.bufs.put(buf)
-	body, err := readBody(*buf, r.Body)
-	*buf = body
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: "reading body: " + err.Error()})
 		return
@@ -294,86 +297,17 @@ func (h *handler) check(w http.ResponseWriter, r *http.Request) {
 	case !v.Allowed:
 		status = http.StatusTooManyRequests
 	}
-	delay := ""
+	for _, kv := range v.Headers() {
+		w.Header().Set(kv[0], kv[1])
+	}
 	if v.Delay > 0 {
-		delay = strconv.FormatInt(ms(v.Delay), 10)
+		w.Header().Set(DelayHeader, strconv.FormatInt(ms(v.Delay), 10))
 	}
-	setHeaders(w.Header(), v.Headers(), delay)
-	var limits [4]LimitJSON // most verdicts have a few limits
-	cr := response(req.Domain, v, limits[:0])
-	*buf = append(appendCheckResponse(body[:0], &cr), '\n')
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	w.Write(*buf)
-}
-
-// readBody appends to b what r reads, up to MaxBody+1 bytes, as
-// io.ReadAll(io.LimitReader(r, MaxBody+1)) returns it.
-func readBody(b []byte, r io.Reader) ([]byte, error) {
-	for len(b) <= MaxBody {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-		n, err := r.Read(b[len(b):min(cap(b), MaxBody+1)])
-		b = b[:len(b)+n]
-		if err != nil {
-			if err == io.EOF {
-				err = nil
-			}
-			return b, err
-		}
-	}
-	return b, nil
-}
-
-// setHeaders sets on h the headers kvs and, unless delay is empty, DelayHeader, as
-// h.Set does for each but with one allocation for all the values.
-func setHeaders(h http.Header, kvs [][2]string, delay string) {
-	n := len(kvs)
-	if delay != "" {
-		n++
-	}
-	if n == 0 {
-		return
-	}
-	vals := make([]string, n)
-	for i, kv := range kvs {
-		vals[i] = kv[1]
-		h[canonicalKey(kv[0])] = vals[i : i+1 : i+1]
-	}
-	if delay != "" {
-		vals[n-1] = delay
-		h[DelayHeader] = vals[n-1 : n : n]
-	}
-}
-
-// canonicalKey returns textproto.CanonicalMIMEHeaderKey(k), without allocating for
-// the names algo.Headers returns.
-func canonicalKey(k string) string {
-	switch k {
-	case "RateLimit-Policy":
-		return "Ratelimit-Policy"
-	case "RateLimit":
-		return "Ratelimit"
-	case "X-RateLimit-Limit":
-		return "X-Ratelimit-Limit"
-	case "X-RateLimit-Remaining":
-		return "X-Ratelimit-Remaining"
-	case "X-RateLimit-Reset":
-		return "X-Ratelimit-Reset"
-	case "Retry-After":
-		return k
-	}
-	return textproto.CanonicalMIMEHeaderKey(k)
+	writeJSON(w, status, Response(req.Domain, v))
 }
 
 // Response builds the JSON body of a verdict.
 func Response(domain string, v engine.Verdict) CheckResponse {
-	return response(domain, v, make([]LimitJSON, 0, len(v.Limits)))
-}
-
-// response is Response with the limits appended to limits, which must not be nil.
-func response(domain string, v engine.Verdict, limits []LimitJSON) CheckResponse {
 	cr := CheckResponse{
 		Allowed:      v.Allowed,
 		Domain:       domain,
@@ -386,7 +320,7 @@ func response(domain string, v engine.Verdict, limits []LimitJSON) CheckResponse
 		DelayMs:      ms(v.Delay),
 		Degraded:     v.Degraded,
 		Cached:       v.Cached,
-		Limits:       limits,
+		Limits:       make([]LimitJSON, 0, len(v.Limits)),
 	}
 	for _, l := range v.Limits {
 		cr.Limits = append(cr.Limits, LimitJSON{

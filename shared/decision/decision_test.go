@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -234,6 +235,11 @@ func TestBadInput(t *testing.T) {
 		{"body over 16 KiB", `{"domain":"test","attributes":{"a":"` + strings.Repeat("x", 17<<10) + `"}}`, "larger than"},
 		{"not UTF-8", "{\"domain\":\"test\",\"attributes\":{\"api_key\":\"\xff\xfe\"}}", "UTF-8"},
 		{"two values", `{"domain":"test","attributes":{}} {}`, "more than one"},
+		{"data after the object", `{"domain":"test","attributes":{}} }`, "more than one"},
+		{"domain twice", `{"domain":"d","domain":"e"}`, "domain is given twice"},
+		{"cost twice", `{"domain":"test","attributes":{},"cost":1,"cost":100000}`, "cost is given twice"},
+		{"attribute twice", `{"domain":"test","attributes":{"api_key":"a","api_key":"b"}}`, "attributes.api_key is given twice"},
+		{"name in another case", `{"DOMAIN":"test","attributes":{}}`, `unknown field "DOMAIN"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -304,7 +310,9 @@ func TestAdminAndHealth(t *testing.T) {
 }
 
 // FuzzCheckBody sends arbitrary bodies to /v1/check on the in-process store: the answer
-// is 200, 429 or 400, never a 500 or a panic.
+// is 200, 429 or 400, never a 500 or a panic, and always JSON. A body the service
+// decides on is one that encoding/json decodes too, to the same request: the strict
+// parser only ever refuses more.
 func FuzzCheckBody(f *testing.F) {
 	for _, s := range []string{
 		`{"domain":"test","attributes":{"api_key":"k1","path":"/gcra"},"cost":1}`,
@@ -312,6 +320,9 @@ func FuzzCheckBody(f *testing.F) {
 		`{"domain":"nope"}`, `{"cost":1e99}`, `[]`, `null`, "\xff", `{"domain":"test","attributes":{"a":null}}`,
 	} {
 		f.Add([]byte(s))
+	}
+	for _, tc := range parseCases {
+		f.Add([]byte(tc.body))
 	}
 	p, err := policy.Parse([]byte(testPolicy))
 	if err != nil {
@@ -332,6 +343,23 @@ func FuzzCheckBody(f *testing.F) {
 		}
 		if !json.Valid(rec.Body.Bytes()) {
 			t.Fatalf("POST %q answered invalid JSON %q", body, rec.Body)
+		}
+		if rec.Code == http.StatusBadRequest {
+			return
+		}
+		got, perr := decision.ParseCheckRequest(body)
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		var cr decision.CheckRequest
+		if err := dec.Decode(&cr); err != nil || dec.More() || perr != nil {
+			t.Fatalf("POST %q = %d, but encoding/json refuses it (%v) or ParseCheckRequest does (%+v)", body, rec.Code, err, perr)
+		}
+		want := engine.Request{Domain: cr.Domain, Attributes: cr.Attributes, Cost: 1}
+		if cr.Cost != nil {
+			want.Cost = *cr.Cost
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("ParseCheckRequest(%q) = %+v; encoding/json decodes %+v", body, got, want)
 		}
 	})
 }

@@ -14,14 +14,14 @@
 package emf
 
 import (
-	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -86,9 +86,8 @@ type Logger struct {
 	// Level is the "level" member of every line (default "INFO").
 	Level string
 
-	mu  sync.Mutex
-	w   io.Writer
-	buf bytes.Buffer
+	mu sync.Mutex // serializes the writes to w
+	w  io.Writer
 }
 
 // New returns a logger that writes to w in namespace. Its level is INFO, or
@@ -121,105 +120,99 @@ func LevelFor(logLevel string) string {
 // breaks the format: a missing dimension value, a bad name, a value that is not a
 // finite number, too many dimensions or metrics.
 func (l *Logger) Write(line Line) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.buf.Reset()
-	if err := l.encode(&l.buf, line); err != nil {
+	b, err := l.Encode(line)
+	if err != nil {
 		return err
 	}
-	_, err := l.w.Write(l.buf.Bytes())
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, err = l.w.Write(b)
 	return err
 }
 
-// Encode returns the line as Write would write it, newline included.
-func (l *Logger) Encode(line Line) ([]byte, error) {
-	var b bytes.Buffer
-	if err := l.encode(&b, line); err != nil {
-		return nil, err
-	}
-	return b.Bytes(), nil
+// document holds the members every line starts with, in the order they are written.
+type document struct {
+	AWS       metadata `json:"_aws"`
+	Level     string   `json:"level"`
+	Timestamp string   `json:"timestamp"`
 }
 
-func (l *Logger) encode(b *bytes.Buffer, line Line) error {
+// metadata is the "_aws" member: which of the line's members are metrics.
+type metadata struct {
+	Timestamp         int64       `json:"Timestamp"` // milliseconds since the Unix epoch
+	CloudWatchMetrics []directive `json:"CloudWatchMetrics"`
+}
+
+type directive struct {
+	Namespace  string       `json:"Namespace"`
+	Dimensions [][]string   `json:"Dimensions"`
+	Metrics    []definition `json:"Metrics"`
+}
+
+// definition names a metric whose value is the line's member of that name.
+type definition struct {
+	Name string `json:"Name"`
+	Unit Unit   `json:"Unit,omitempty"`
+}
+
+// Encode returns the line as Write would write it, newline included: the document's
+// members, then the properties in the order of their names, then each metric's value
+// once, in the order the directives define them.
+func (l *Logger) Encode(line Line) ([]byte, error) {
 	if err := validate(line); err != nil {
-		return err
-	}
-	level := l.Level
-	if level == "" {
-		level = "INFO"
+		return nil, err
 	}
 	t := line.Time
 	if t.IsZero() {
 		t = time.Now()
 	}
-	b.WriteString(`{"_aws":{"Timestamp":`)
-	b.WriteString(strconv.FormatInt(t.UnixMilli(), 10))
-	b.WriteString(`,"CloudWatchMetrics":[`)
+	doc := document{
+		AWS:       metadata{Timestamp: t.UnixMilli(), CloudWatchMetrics: make([]directive, len(line.Directives))},
+		Level:     cmp.Or(l.Level, "INFO"),
+		Timestamp: t.UTC().Format(time.RFC3339Nano),
+	}
 	for i, d := range line.Directives {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(`{"Namespace":`)
-		writeString(b, l.Namespace)
-		b.WriteString(`,"Dimensions":[`)
+		dir := directive{Namespace: l.Namespace, Dimensions: make([][]string, len(d.Dimensions)), Metrics: make([]definition, len(d.Metrics))}
 		for j, set := range d.Dimensions {
-			if j > 0 {
-				b.WriteByte(',')
+			if set == nil {
+				set = []string{} // an empty set is [], not null
 			}
-			b.WriteByte('[')
-			for k, name := range set {
-				if k > 0 {
-					b.WriteByte(',')
-				}
-				writeString(b, name)
-			}
-			b.WriteByte(']')
+			dir.Dimensions[j] = set
 		}
-		b.WriteString(`],"Metrics":[`)
 		for j, m := range d.Metrics {
-			if j > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString(`{"Name":`)
-			writeString(b, m.Name)
-			if m.Unit != "" {
-				b.WriteString(`,"Unit":`)
-				writeString(b, string(m.Unit))
-			}
-			b.WriteByte('}')
+			dir.Metrics[j] = definition{Name: m.Name, Unit: m.Unit}
 		}
-		b.WriteString(`]}`)
+		doc.AWS.CloudWatchMetrics[i] = dir
 	}
-	b.WriteString(`]},"level":`)
-	writeString(b, level)
-	b.WriteString(`,"timestamp":`)
-	writeString(b, t.UTC().Format(time.RFC3339Nano))
-	keys := make([]string, 0, len(line.Properties))
-	for k := range line.Properties {
-		keys = append(keys, k)
+	b, err := json.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("emf: %w", err)
 	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		b.WriteByte(',')
-		writeString(b, k)
-		b.WriteByte(':')
-		writeString(b, clip(line.Properties[k]))
+	// The properties and metric values are members of the same object, after the
+	// document's: b loses its closing brace and each member is appended.
+	b = b[:len(b)-1]
+	for _, k := range slices.Sorted(maps.Keys(line.Properties)) {
+		b = appendMember(b, k, clip(line.Properties[k]))
 	}
 	seen := map[string]bool{}
 	for _, d := range line.Directives {
 		for _, m := range d.Metrics {
-			if seen[m.Name] {
-				continue
+			if !seen[m.Name] {
+				seen[m.Name] = true
+				b = appendMember(b, m.Name, m.Value)
 			}
-			seen[m.Name] = true
-			b.WriteByte(',')
-			writeString(b, m.Name)
-			b.WriteByte(':')
-			b.WriteString(strconv.FormatFloat(m.Value, 'g', -1, 64))
 		}
 	}
-	b.WriteString("}\n")
-	return nil
+	return append(b, "}\n"...), nil
+}
+
+// appendMember appends ,"name":value to b, each encoded by encoding/json. Invalid
+// UTF-8 in a string becomes U+FFFD.
+func appendMember(b []byte, name string, value any) []byte {
+	k, _ := json.Marshal(name)  // a string always marshals
+	v, _ := json.Marshal(value) // a string or a finite float64 (validate checked it)
+	b = append(append(b, ','), k...)
+	return append(append(b, ':'), v...)
 }
 
 // reserved are the members every line has.
@@ -287,10 +280,4 @@ func clip(s string) string {
 		return s
 	}
 	return s[:MaxValueLength]
-}
-
-// writeString writes s as a JSON string. Invalid UTF-8 becomes U+FFFD.
-func writeString(b *bytes.Buffer, s string) {
-	enc, _ := json.Marshal(s) // a string always marshals
-	b.Write(enc)
 }
