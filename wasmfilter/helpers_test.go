@@ -16,9 +16,9 @@ func TestCheckBody(t *testing.T) {
 	if got := string(checkBody("d", nil, 0)); got != `{"domain":"d","attributes":{},"cost":0}` {
 		t.Errorf("checkBody(no attributes) = %s", got)
 	}
-	// A query string keeps its & as it is (the decision service's fast parser takes
-	// it; \u0026 would send the body to encoding/json); quotes, control characters
-	// and invalid UTF-8 are escaped, and the body decodes to the values.
+	// A query string keeps its & as it is (shorter, and as a reader of the callout in
+	// a log sees it); quotes, control characters and invalid UTF-8 are escaped, and
+	// the body decodes to the values.
 	attrs := []value{{"path_with_query", "/search?q=a&page=2<b>"}, {"user_agent", "x\"y\\z\n\x00\xff"}}
 	body := checkBody("d", attrs, 1)
 	want = `{"domain":"d","attributes":{"path_with_query":"/search?q=a&page=2<b>","user_agent":"x\"y\\z\n\u0000\ufffd"},"cost":1}`

@@ -2,7 +2,7 @@
 // Envoy filter (compiled to wasm, where encoding/json makes the module about 0.65 MB
 // larger and each request about 1.2× as slow; wasmfilter's BenchmarkJSONReader and
 // BenchmarkVMStart measure it), and writes JSON strings (AppendString) as
-// encoding/json does, for the filter and the decision service.
+// encoding/json does, for the filter's callout bodies.
 //
 // Parse is strict RFC 8259: one value with only whitespace around it, numbers as the
 // grammar spells them, and strings of valid UTF-8 without control characters. It is
