@@ -117,8 +117,8 @@ func TestEnvoyConfig(t *testing.T) {
 	}
 	// The compiled module must accept it too, as Envoy starts it.
 	vm := newWasmFilter(t, wasmhost.Options{PluginConfig: []byte(sv.GetValue())})
-	if st := vm.StartPlugin(); st != types.OnPluginStartStatusOK {
-		t.Fatalf("the compiled filter fails to start with the plugin configuration of %s: %v; critical logs: %q", path, st, vm.GetCriticalLogs())
+	if vm.StartPlugin() != types.OnPluginStartStatusOK {
+		t.Fatalf("the compiled filter fails to start with the plugin configuration of %s; critical logs: %q", path, vm.GetCriticalLogs())
 	}
 	decision := clusters[cfg.cluster]
 	if decision == nil {
