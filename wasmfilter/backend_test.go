@@ -62,29 +62,43 @@ const sourceAddress = "192.0.2.7:41234"
 // starting the plugin. clock is the filter's clock.
 func newFilter(t *testing.T, b backend, config string, clock func() time.Time) filterHost {
 	t.Helper()
+	return newFilterFrom(t, b, config, clock, sourceAddress)
+}
+
+// newFilterFrom is newFilter for requests from the client address addr (the
+// source.address property).
+func newFilterFrom(t *testing.T, b backend, config string, clock func() time.Time, addr string) filterHost {
+	t.Helper()
 	switch b {
 	case native:
 		opt := proxytest.NewEmulatorOption().
 			WithVMContext(&vmContext{now: clock}).
 			WithPluginConfiguration([]byte(config)).
-			WithProperty([]string{"source", "address"}, []byte(sourceAddress))
+			WithProperty([]string{"source", "address"}, []byte(addr))
 		host, reset := proxytest.NewHostEmulator(opt)
 		t.Cleanup(reset)
 		return host
 	case wasm:
-		vm, err := filterRuntime(t).NewVM(context.Background(), wasmhost.Options{
+		return newWasmFilter(t, wasmhost.Options{
 			PluginConfig: []byte(config),
-			Properties:   map[string][]byte{"source.address": []byte(sourceAddress)},
+			Properties:   map[string][]byte{"source.address": []byte(addr)},
 			Clock:        clock,
 		})
-		if err != nil {
-			t.Fatalf("NewVM: %v", err)
-		}
-		t.Cleanup(func() { vm.Close(context.Background()) })
-		return &wasmFilter{t: t, vm: vm}
 	}
 	t.Fatalf("unknown backend %q", b)
 	return nil
+}
+
+// newWasmFilter makes a VM of the compiled filter, closed when the test ends, without
+// starting the plugin.
+func newWasmFilter(t *testing.T, opts wasmhost.Options) *wasmFilter {
+	t.Helper()
+	vm, err := filterRuntime(t).NewVM(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("NewVM: %v", err)
+	}
+	t.Cleanup(func() { vm.Close(context.Background()) })
+	return &wasmFilter{t: t, vm: vm}
 }
 
 // The compiled filter: built once per test binary into a temporary directory, and

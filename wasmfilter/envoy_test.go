@@ -15,11 +15,14 @@ import (
 	httpwasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"gopkg.in/yaml.v3"
+
+	"github.com/tollgate-dev/tollgate/wasmfilter/wasmhost"
 )
 
 // validator is what protoc-gen-validate generates on every Envoy message.
@@ -41,7 +44,8 @@ func unpack(t *testing.T, what string, a *anypb.Any, m proto.Message) {
 // JSON, protojson into a v3 Bootstrap with every typed_config resolved, protobuf
 // validation of the bootstrap and of each typed_config, and then the parts the filter
 // depends on: the wasm filter before the router, the V8 runtime, a failure policy,
-// a plugin configuration the filter accepts, and the decision cluster it names.
+// a plugin configuration the filter accepts (parsed natively, and started in the
+// compiled module), and the decision cluster it names.
 func TestEnvoyConfig(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join("..", "scripts", "envoy", "envoy.yaml")
@@ -110,6 +114,11 @@ func TestEnvoyConfig(t *testing.T) {
 	cfg, err := parseConfig([]byte(sv.GetValue()))
 	if err != nil {
 		t.Fatalf("the filter rejects the plugin configuration of %s: %v", path, err)
+	}
+	// The compiled module must accept it too, as Envoy starts it.
+	vm := newWasmFilter(t, wasmhost.Options{PluginConfig: []byte(sv.GetValue())})
+	if vm.StartPlugin() != types.OnPluginStartStatusOK {
+		t.Fatalf("the compiled filter fails to start with the plugin configuration of %s; critical logs: %q", path, vm.GetCriticalLogs())
 	}
 	decision := clusters[cfg.cluster]
 	if decision == nil {

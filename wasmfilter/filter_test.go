@@ -727,6 +727,18 @@ func TestAttributes(t *testing.T) {
 			}
 		})
 
+		t.Run("IPv6 source address", func(t *testing.T) {
+			clock := &fakeClock{t: time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)}
+			host := newFilterFrom(t, b, config+"}", clock.Now, "[2001:db8::1]:443")
+			if st := host.StartPlugin(); st != types.OnPluginStartStatusOK {
+				t.Fatalf("StartPlugin() = %v, want OK; critical logs: %q", st, host.GetCriticalLogs())
+			}
+			_, attrs := send(t, host, [][2]string{{":method", "GET"}, {":path", "/"}})
+			if got := attrs["remote_address"]; got != "2001:db8::1" {
+				t.Errorf("remote_address from source.address [2001:db8::1]:443 = %v, want 2001:db8::1", got)
+			}
+		})
+
 		t.Run("body too large once escaped", func(t *testing.T) {
 			// 64 attributes of 1024 control characters each: every byte escapes to six.
 			var attrs []string

@@ -519,9 +519,9 @@ func proxyGetSharedData(vm *VM, m api.Module, s []uint64) status {
 	if !ok {
 		return statusInvalidMemoryAccess
 	}
-	v, cas, found := vm.shared.get(string(key))
-	if !found {
-		return statusNotFound
+	v, cas, st := vm.shared.get(string(key))
+	if st != statusOK {
+		return st
 	}
 	if st := vm.give(m, v, u32(s[2]), u32(s[3])); st != statusOK {
 		return st
@@ -538,8 +538,5 @@ func proxySetSharedData(vm *VM, m api.Module, s []uint64) status {
 	if !ok1 || !ok2 {
 		return statusInvalidMemoryAccess
 	}
-	if !vm.shared.set(string(key), value, u32(s[4])) {
-		return statusCasMismatch
-	}
-	return statusOK
+	return vm.shared.set(string(key), value, u32(s[4]))
 }

@@ -545,26 +545,43 @@ type sharedEntry struct {
 // NewSharedData returns an empty store.
 func NewSharedData() *SharedData { return &SharedData{entries: map[string]sharedEntry{}} }
 
-func (d *SharedData) get(key string) ([]byte, uint32, bool) {
+// get returns the value and CAS of key, or NotFound.
+func (d *SharedData) get(key string) ([]byte, uint32, status) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	e, ok := d.entries[key]
-	return e.value, e.cas, ok
+	if !ok {
+		return nil, 0, statusNotFound
+	}
+	return e.value, e.cas, statusOK
 }
 
-// set stores value under key unless cas is not zero and differs from the entry's.
-func (d *SharedData) set(key string, value []byte, cas uint32) bool {
+// set stores value under key, as Envoy's SharedData::set does: a key that is missing
+// is written whatever cas is; a key that exists is written when cas is zero or equals
+// its CAS, and otherwise the call fails with CasMismatch. Each write gives the entry a
+// new CAS, never zero.
+func (d *SharedData) set(key string, value []byte, cas uint32) status {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if e, ok := d.entries[key]; ok && cas != 0 && cas != e.cas {
-		return false
+		return statusCasMismatch
 	}
 	d.nextCAS++
 	if d.nextCAS == 0 {
 		d.nextCAS++
 	}
 	d.entries[key] = sharedEntry{value: bytes.Clone(value), cas: d.nextCAS}
-	return true
+	return statusOK
+}
+
+// Set stores value under key as another plugin of the same vm_id may (a write with
+// CAS 0), e.g. to put hostile bytes where the plugin reads.
+func (d *SharedData) Set(key string, value []byte) { d.set(key, value, 0) }
+
+// Get returns the value stored under key, and whether there is one.
+func (d *SharedData) Get(key string) ([]byte, bool) {
+	v, _, st := d.get(key)
+	return bytes.Clone(v), st == statusOK
 }
 
 // Len returns the number of keys stored.
