@@ -3,11 +3,7 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -22,6 +18,7 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/policy"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
+	"github.com/tollgate-dev/tollgate/wasmfilter/wasmhost"
 )
 
 // decisionService runs the real decision service (policy → engine → HTTP handler) on a
@@ -75,43 +72,8 @@ func (e *envoyCallouts) forward(contextID uint32) bool {
 		return false
 	}
 	c := cs[len(cs)-1]
-	method, _ := headerValue(c.Headers, ":method")
-	path, _ := headerValue(c.Headers, ":path")
-	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, e.url+path, bytes.NewReader(c.Body))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for _, h := range c.Headers {
-		if !strings.HasPrefix(h[0], ":") {
-			req.Header.Add(h[0], h[1])
-		}
-	}
-	resp, err := http.DefaultClient.Do(req)
-	switch {
-	case errors.Is(err, context.DeadlineExceeded):
-		e.last, e.lastBody = [][2]string{{":status", "504"}}, []byte("upstream request timeout")
-		e.host.CallOnHttpCallResponse(c.CalloutID, e.last, nil, e.lastBody)
-		return true
-	case err != nil:
-		e.last, e.lastBody = [][2]string{{":status", "503"}}, []byte("upstream connect error")
-		e.host.CallOnHttpCallResponse(c.CalloutID, e.last, nil, e.lastBody)
-		return true
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.last = [][2]string{{":status", strconv.Itoa(resp.StatusCode)}}
-	for name, values := range resp.Header {
-		for _, v := range values {
-			e.last = append(e.last, [2]string{strings.ToLower(name), v})
-		}
-	}
-	e.lastBody = body
-	e.host.CallOnHttpCallResponse(c.CalloutID, e.last, nil, body)
+	e.last, e.lastBody = wasmhost.Forward(http.DefaultClient, e.url, wasmhost.Callout{Headers: c.Headers, Body: c.Body, Timeout: e.timeout})
+	e.host.CallOnHttpCallResponse(c.CalloutID, e.last, nil, e.lastBody)
 	return true
 }
 

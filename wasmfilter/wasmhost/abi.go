@@ -288,19 +288,16 @@ func proxyGetHeaderMapValue(vm *VM, m api.Module, s []uint64) status {
 }
 
 func proxyAddHeaderMapValue(vm *VM, m api.Module, s []uint64) status {
-	hs, st := vm.headerMap(u32(s[0]))
-	if st != statusOK {
-		return st
-	}
-	k, v, ok := keyValue(m, s)
-	if !ok {
-		return statusInvalidMemoryAccess
-	}
-	*hs = append(*hs, [2]string{k, v})
-	return statusOK
+	return setHeader(vm, m, s, false)
 }
 
 func proxyReplaceHeaderMapValue(vm *VM, m api.Module, s []uint64) status {
+	return setHeader(vm, m, s, true)
+}
+
+// setHeader adds the header in s's key and value to its map, first dropping the
+// key's values when replace is set.
+func setHeader(vm *VM, m api.Module, s []uint64, replace bool) status {
 	hs, st := vm.headerMap(u32(s[0]))
 	if st != statusOK {
 		return st
@@ -309,7 +306,9 @@ func proxyReplaceHeaderMapValue(vm *VM, m api.Module, s []uint64) status {
 	if !ok {
 		return statusInvalidMemoryAccess
 	}
-	removeHeader(hs, k)
+	if replace {
+		removeHeader(hs, k)
+	}
 	*hs = append(*hs, [2]string{k, v})
 	return statusOK
 }

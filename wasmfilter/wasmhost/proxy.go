@@ -174,12 +174,19 @@ func (p *Proxy) send(c Callout) {
 }
 
 // roundTrip answers a callout as Envoy would: the cluster's response, or Envoy's own
-// 503 (cannot connect) or 504 (timeout).
+// 503 (no such cluster, cannot connect) or 504 (timeout).
 func (p *Proxy) roundTrip(c Callout) ([][2]string, []byte) {
 	base, ok := p.clusters[c.Upstream]
 	if !ok {
 		return [][2]string{{":status", "503"}, {"content-type", "text/plain"}}, []byte("no healthy upstream")
 	}
+	return Forward(p.client, base, c)
+}
+
+// Forward sends callout c over HTTP to base (a URL without a path) with client, and
+// returns the answer as Envoy hands it to a plugin: the response's status and headers,
+// or Envoy's own 503 (cannot connect) or 504 (past c.Timeout, when set), and the body.
+func Forward(client *http.Client, base string, c Callout) ([][2]string, []byte) {
 	method, _ := lookup(c.Headers, ":method")
 	path, _ := lookup(c.Headers, ":path")
 	ctx := context.Background()
@@ -193,7 +200,7 @@ func (p *Proxy) roundTrip(c Callout) ([][2]string, []byte) {
 		return [][2]string{{":status", "503"}, {"content-type", "text/plain"}}, []byte("invalid callout: " + err.Error())
 	}
 	copyHeaders(req, c.Headers)
-	resp, err := p.client.Do(req)
+	resp, err := client.Do(req)
 	if err == nil {
 		var b []byte
 		b, err = io.ReadAll(resp.Body)
