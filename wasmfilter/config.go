@@ -8,33 +8,30 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/bounds"
 	"github.com/tollgate-dev/tollgate/shared/jsonv"
 )
 
 // Defaults and bounds of the plugin configuration.
 const (
-	defaultPath              = "/v1/check"
-	defaultTimeout           = 100 * time.Millisecond
-	maxTimeout               = 60 * time.Second
+	defaultPath    = "/v1/check"
+	defaultTimeout = 100 * time.Millisecond
+	maxTimeout     = 60 * time.Second
+	// defaultMaxAttributeBytes is at most bounds.MaxValueLength: past the decision
+	// service's bounds (package bounds, shared with it) it answers 400, and the filter
+	// would take its failure mode for every request.
 	defaultMaxAttributeBytes = 256
-	// maxAttributeBytesLimit, maxAttributes and maxCheckBody are the decision
-	// service's own bounds (engine.MaxValueLength, engine.MaxAttributes,
-	// decision.MaxBody; a test keeps them equal): past them it answers 400, and the
-	// filter would take its failure mode for every request.
-	maxAttributeBytesLimit  = 1024
-	maxAttributes           = 64
-	maxCheckBody            = 16 << 10
-	defaultDenyCacheEntries = 10000
-	maxDenyCacheEntries     = 1000000
-	defaultLocalMaxKeys     = 10000
-	maxLocalMaxKeys         = 1000000
-	defaultMaxDelay         = 10 * time.Second
-	maxMaxDelay             = 10 * time.Minute
-	defaultTick             = 10 * time.Millisecond
-	maxTick                 = time.Second
-	defaultMaxHeld          = 1000
-	maxMaxHeld              = 100000
-	maxCost                 = 1 << 30
+	defaultDenyCacheEntries  = 10000
+	maxDenyCacheEntries      = 1000000
+	defaultLocalMaxKeys      = 10000
+	maxLocalMaxKeys          = 1000000
+	defaultMaxDelay          = 10 * time.Second
+	maxMaxDelay              = 10 * time.Minute
+	defaultTick              = 10 * time.Millisecond
+	maxTick                  = time.Second
+	defaultMaxHeld           = 1000
+	maxMaxHeld               = 100000
+	maxCost                  = 1 << 30
 	// maxConfigBytes bounds the plugin configuration: a real one is a few hundred
 	// bytes (64 attributes and 64 local limits fit in 16 KiB), and a larger one is a
 	// mistake, not something to parse inside every worker's VM.
@@ -191,7 +188,7 @@ func parseConfig(data []byte) (*config, error) {
 	if c.attributes, err = parseAttributes(root); err != nil {
 		return nil, err
 	}
-	n, err := integer(root, "max_attribute_bytes", defaultMaxAttributeBytes, 1, maxAttributeBytesLimit)
+	n, err := integer(root, "max_attribute_bytes", defaultMaxAttributeBytes, 1, bounds.MaxValueLength)
 	if err != nil {
 		return nil, err
 	}
@@ -270,8 +267,8 @@ func parseAttributes(root jsonv.Value) ([]attribute, error) {
 	if len(items) == 0 {
 		return nil, &configError{"attributes", "must name at least one attribute"}
 	}
-	if len(items) > maxAttributes {
-		return nil, &configError{"attributes", strconv.Itoa(len(items)) + " attributes; the decision service takes at most " + strconv.Itoa(maxAttributes)}
+	if len(items) > bounds.MaxAttributes {
+		return nil, &configError{"attributes", strconv.Itoa(len(items)) + " attributes; the decision service takes at most " + strconv.Itoa(bounds.MaxAttributes)}
 	}
 	attrs := make([]attribute, 0, len(items))
 	seen := make(map[string]bool, len(items))

@@ -9,8 +9,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
-	"github.com/tollgate-dev/tollgate/shared/decision"
-	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/bounds"
 )
 
 // invalidConfigs are rejected by parseConfig; field is the path the error must name.
@@ -173,16 +172,12 @@ func FuzzParseConfig(f *testing.F) {
 	})
 }
 
-// TestBoundsMatchTheService keeps the filter's bounds equal to what the decision
-// service accepts: past them the service answers 400 and every request would take
-// the failure mode.
+// TestBoundsMatchTheService checks that the filter refuses a configuration past the
+// decision service's bounds (package bounds, which both use): past them the service
+// answers 400 and every request would take the failure mode.
 func TestBoundsMatchTheService(t *testing.T) {
 	t.Parallel()
-	if maxAttributeBytesLimit != engine.MaxValueLength || maxAttributes != engine.MaxAttributes || maxCheckBody != decision.MaxBody {
-		t.Errorf("filter bounds %d bytes a value, %d attributes, %d bytes a body; the service takes %d, %d, %d",
-			maxAttributeBytesLimit, maxAttributes, maxCheckBody, engine.MaxValueLength, engine.MaxAttributes, decision.MaxBody)
-	}
-	attrs := make([]string, maxAttributes+1)
+	attrs := make([]string, bounds.MaxAttributes+1)
 	for i := range attrs {
 		attrs[i] = fmt.Sprintf(`{"name": "h%d", "from": "header", "header": "x-h%d"}`, i, i)
 	}
@@ -190,7 +185,7 @@ func TestBoundsMatchTheService(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "attributes") {
 		t.Errorf("%d attributes: parseConfig error %v, want one naming attributes", len(attrs), err)
 	}
-	if _, err := parseConfig([]byte(`{"cluster": "c", "domain": "d", "attributes": [` + strings.Join(attrs[:maxAttributes], ",") + `]}`)); err != nil {
-		t.Errorf("%d attributes: parseConfig = %v, want accepted", maxAttributes, err)
+	if _, err := parseConfig([]byte(`{"cluster": "c", "domain": "d", "attributes": [` + strings.Join(attrs[:bounds.MaxAttributes], ",") + `]}`)); err != nil {
+		t.Errorf("%d attributes: parseConfig = %v, want accepted", bounds.MaxAttributes, err)
 	}
 }

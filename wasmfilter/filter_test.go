@@ -10,6 +10,8 @@ import (
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/tollgate-dev/tollgate/shared/bounds"
 )
 
 // Every test of the filter runs on each backend (forBackends): natively on the SDK's
@@ -743,14 +745,14 @@ func TestAttributes(t *testing.T) {
 			// 64 attributes of 1024 control characters each: every byte escapes to six.
 			var attrs []string
 			headers := [][2]string{{":method", "GET"}, {":path", "/"}}
-			for i := range maxAttributes {
+			for i := range bounds.MaxAttributes {
 				attrs = append(attrs, fmt.Sprintf(`{"name": "h%d", "from": "header", "header": "x-h%d"}`, i, i))
-				headers = append(headers, [2]string{fmt.Sprintf("x-h%d", i), strings.Repeat("\x01", maxAttributeBytesLimit)})
+				headers = append(headers, [2]string{fmt.Sprintf("x-h%d", i), strings.Repeat("\x01", bounds.MaxValueLength)})
 			}
 			host, _ := startFilter(t, b, `{"cluster": "tollgate_decision", "domain": "d", "max_attribute_bytes": 1024, "attributes": [`+strings.Join(attrs, ",")+`]}`)
 			id, sent := send(t, host, headers)
 			if sent != nil {
-				t.Fatalf("a check body over %d bytes was sent", maxCheckBody)
+				t.Fatalf("a check body over %d bytes was sent", bounds.MaxBody)
 			}
 			lr := host.GetSentLocalResponse(id)
 			if lr == nil || lr.StatusCode != 400 || !strings.Contains(string(lr.Data), `"field":"attributes"`) {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/tollgate-dev/tollgate/shared/bounds"
 )
 
 // nested returns a JSON value of arrays nested depth deep around a number.
@@ -299,8 +301,8 @@ func TestHostileRequests(t *testing.T) {
 					t.Fatalf("local %d reply, want a callout", lr.StatusCode)
 				case tc.want == 0:
 					c := onlyCallout(t, host, id)
-					if len(c.Body) > maxCheckBody || !json.Valid(c.Body) {
-						t.Fatalf("callout body of %d bytes (valid JSON: %v), want valid JSON of at most %d", len(c.Body), json.Valid(c.Body), maxCheckBody)
+					if len(c.Body) > bounds.MaxBody || !json.Valid(c.Body) {
+						t.Fatalf("callout body of %d bytes (valid JSON: %v), want valid JSON of at most %d", len(c.Body), json.Valid(c.Body), bounds.MaxBody)
 					}
 				case lr == nil || lr.StatusCode != tc.want:
 					t.Fatalf("local reply %+v, want %d", lr, tc.want)

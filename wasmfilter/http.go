@@ -10,6 +10,7 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/bounds"
 	"github.com/tollgate-dev/tollgate/shared/jsonv"
 )
 
@@ -79,11 +80,11 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 		{"accept", "application/json"},
 	}
 	body := checkBody(p.cfg.domain, attrs, p.cfg.cost)
-	if len(body) > maxCheckBody {
+	if len(body) > bounds.MaxBody {
 		// Only escaping can do this (a value of control characters is six times its
 		// length): the decision service would refuse it as a client error too.
 		p.metrics.rejected.Increment(1)
-		return h.reply(400, nil, []byte(`{"error":"attributes too large: the check body is over `+strconv.Itoa(maxCheckBody)+` bytes once JSON-escaped","field":"attributes"}`))
+		return h.reply(400, nil, []byte(`{"error":"attributes too large: the check body is over `+strconv.Itoa(bounds.MaxBody)+` bytes once JSON-escaped","field":"attributes"}`))
 	}
 	if _, err := proxywasm.DispatchHttpCall(p.cfg.cluster, callout, body, nil, uint32(p.cfg.timeout/time.Millisecond), h.onCheckResponse); err != nil {
 		p.metrics.calloutFailures.Increment(1)

@@ -11,9 +11,8 @@ import (
 // A localVerdict is the answer of the local limits to one request.
 type localVerdict struct {
 	allowed bool
-	// name and decision are the most restrictive limit's: on a denial the one that
-	// frees up last, else the one with the least remaining. Empty name: no limit
-	// applied.
+	// name and decision are the most restrictive limit's (algo.MoreRestrictive).
+	// Empty name: no limit applied.
 	name     string
 	decision algo.Decision
 	delay    time.Duration
@@ -60,7 +59,7 @@ func (l *localLimiter) decide(attrs []value, cost int64, now time.Time) localVer
 	for i, ds := range out.Decisions {
 		for _, d := range ds {
 			v.delay = max(v.delay, d.Delay)
-			if !picked || moreRestrictive(d, v.decision) {
+			if !picked || algo.MoreRestrictive(d, v.decision) {
 				picked, v.name, v.decision = true, names[i], d
 			}
 		}
@@ -69,18 +68,6 @@ func (l *localLimiter) decide(attrs []value, cost int64, now time.Time) localVer
 		v.delay = 0
 	}
 	return v
-}
-
-// moreRestrictive reports whether decision a should be reported rather than b: a
-// denial over an admission, then the later retry, then the fewer remaining units.
-func moreRestrictive(a, b algo.Decision) bool {
-	if a.Allowed != b.Allowed {
-		return !a.Allowed
-	}
-	if !a.Allowed {
-		return a.RetryAfter > b.RetryAfter
-	}
-	return a.Remaining < b.Remaining
 }
 
 // localKey is the store key of limit lim for a request: the limit's name and the

@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/bounds"
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/policy"
 )
@@ -22,12 +23,16 @@ const MaxEventBytes = 256 << 10
 // The attributes the authorizer fills from the event itself. Any other attribute the
 // policy names is read from the request header of that (lower-case) name.
 const (
-	attrAPIKey        = "api_key"
-	attrRemoteAddress = "remote_address"
+	attrAPIKey        = policy.APIKey
+	attrRemoteAddress = engine.RemoteAddress
+	attrForwardedFor  = engine.ForwardedFor
 	attrMethod        = "method"
 	attrPath          = "path"
 	attrStage         = "stage"
 )
+
+// anonymous is the principalId of a request without an API key, token or address.
+const anonymous = "anonymous"
 
 // builtin are the attributes that never come from a header of the same name.
 var builtin = map[string]bool{attrAPIKey: true, attrRemoteAddress: true, attrMethod: true, attrPath: true, attrStage: true}
@@ -65,14 +70,12 @@ type request struct {
 	attrs map[string]string
 	// identity reports whether the request carries an API key or token.
 	identity bool
-	// principal is the principalId: the hashed API key or token, else the client
-	// address, else "anonymous". It never holds a raw secret.
+	// principal is the principalId: the hashed API key or token, else "anonymous"
+	// (the handler puts the client's address in its place when it has one). It never
+	// holds a raw secret.
 	principal string
 	// usageKey is the raw API key or token, for usageIdentifierKey. Never log it.
 	usageKey string
-	// addrFallback reports that X-Forwarded-For was sent but its trusted entry was
-	// missing, blank or not an address, so remote_address is the event's source IP.
-	addrFallback bool
 }
 
 // probe holds the fields that tell the event shapes apart.
@@ -86,13 +89,15 @@ type probe struct {
 
 // extractor turns events into requests for one policy.
 type extractor struct {
-	identity policy.Identity
+	// forwarded reports that the policy trusts proxies, so the engine needs
+	// X-Forwarded-For to identify the client.
+	forwarded bool
 	// headers are the policy's header attributes, lower-case.
 	headers map[string]bool
 }
 
 func newExtractor(p *policy.Policy) extractor {
-	x := extractor{identity: p.Identity, headers: map[string]bool{}}
+	x := extractor{forwarded: p.Identity.TrustedProxies > 0, headers: map[string]bool{}}
 	for _, a := range p.Attributes() {
 		if !builtin[a] {
 			x.headers[a] = true
@@ -155,8 +160,10 @@ func (x extractor) fromRESTRequest(ev events.APIGatewayCustomAuthorizerRequestTy
 		key = h.apiKey
 	}
 	if peer := ev.RequestContext.Identity.SourceIP; peer != "" {
-		r.attrs[attrRemoteAddress] = policy.ClientAddress(peer, h.xff, x.identity)
-		_, r.addrFallback = policy.TrustedHop(h.xff, x.identity)
+		set(r.attrs, attrRemoteAddress, peer)
+		if x.forwarded {
+			set(r.attrs, attrForwardedFor, lastHops(h.xff))
+		}
 	}
 	set(r.attrs, attrMethod, first(ev.HTTPMethod, ev.RequestContext.HTTPMethod))
 	set(r.attrs, attrPath, first(ev.Resource, ev.RequestContext.ResourcePath, ev.Path))
@@ -183,7 +190,7 @@ func (x extractor) fromToken(ev events.APIGatewayCustomAuthorizerRequest) (reque
 		r.attrs[attrAPIKey] = algo.HashValue(tok)
 		r.principal = r.attrs[attrAPIKey]
 	} else {
-		r.principal = "anonymous"
+		r.principal = anonymous
 	}
 	return r, nil
 }
@@ -195,8 +202,10 @@ func (x extractor) fromHTTPV2(ev events.APIGatewayV2CustomAuthorizerV2Request) (
 	r := request{shape: httpV2, arn: ev.RouteArn, attrs: map[string]string{}}
 	h := x.scan(ev.Headers, r.attrs)
 	if peer := ev.RequestContext.HTTP.SourceIP; peer != "" {
-		r.attrs[attrRemoteAddress] = policy.ClientAddress(peer, h.xff, x.identity)
-		_, r.addrFallback = policy.TrustedHop(h.xff, x.identity)
+		set(r.attrs, attrRemoteAddress, peer)
+		if x.forwarded {
+			set(r.attrs, attrForwardedFor, lastHops(h.xff))
+		}
 	}
 	set(r.attrs, attrMethod, ev.RequestContext.HTTP.Method)
 	set(r.attrs, attrPath, routePath(first(ev.RouteKey, ev.RequestContext.RouteKey), first(ev.RawPath, ev.RequestContext.HTTP.Path)))
@@ -213,10 +222,8 @@ func (r *request) withKey(key string) {
 		r.usageKey = key
 		r.attrs[attrAPIKey] = fit(key)
 		r.principal = algo.HashValue(key)
-	case r.attrs[attrRemoteAddress] != "":
-		r.principal = r.attrs[attrRemoteAddress]
 	default:
-		r.principal = "anonymous"
+		r.principal = anonymous
 	}
 }
 
@@ -256,10 +263,24 @@ func set(attrs map[string]string, k, v string) {
 // fit hashes a value longer than the engine accepts, so that an oversized header
 // gives its sender a limit of its own instead of an error.
 func fit(v string) string {
-	if len(v) > engine.MaxValueLength {
+	if len(v) > bounds.MaxValueLength {
 		return algo.HashValue(v)
 	}
 	return v
+}
+
+// lastHops returns X-Forwarded-For cut to the entries at its right end that fit in
+// an attribute: the trusted entries are counted from the right (identity.Address), so
+// a chain too long to pass whole keeps the ones that matter.
+func lastHops(xff string) string {
+	if len(xff) <= bounds.MaxValueLength {
+		return xff
+	}
+	tail := xff[len(xff)-bounds.MaxValueLength:]
+	if i := strings.IndexByte(tail, ','); i >= 0 {
+		return tail[i+1:]
+	}
+	return tail
 }
 
 func first(vs ...string) string {

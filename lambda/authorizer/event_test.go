@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/bounds"
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/policy"
 )
@@ -214,7 +215,7 @@ func FuzzHandle(f *testing.F) {
 				t.Fatalf("decode(%q) = %+v: empty ARN or principal", data, r)
 			}
 			for k, v := range r.attrs {
-				if v == "" || len(v) > engine.MaxValueLength || !utf8.ValidString(v) {
+				if v == "" || len(v) > bounds.MaxValueLength || !utf8.ValidString(v) {
 					t.Fatalf("decode(%q) attrs[%q] = %q: empty, too long or not UTF-8", data, k, v)
 				}
 			}
@@ -236,4 +237,19 @@ func FuzzHandle(f *testing.F) {
 			t.Fatalf("Invoke(%q) = %s, want either isAuthorized or policyDocument", data, out)
 		}
 	})
+}
+
+// TestLastHops checks that an X-Forwarded-For too long for an attribute keeps whole
+// entries from its right end, where the trusted ones are.
+func TestLastHops(t *testing.T) {
+	t.Parallel()
+	short := "203.0.113.5, 198.51.100.7"
+	if got := lastHops(short); got != short {
+		t.Errorf("lastHops(%q) = %q, want it unchanged", short, got)
+	}
+	long := strings.Repeat("192.0.2.1, ", 200) + "198.51.100.7, 10.0.0.2"
+	got := lastHops(long)
+	if len(got) > bounds.MaxValueLength || !strings.HasSuffix(got, "198.51.100.7, 10.0.0.2") || !strings.HasPrefix(got, " 192.0.2.1,") {
+		t.Errorf("lastHops(%d bytes) = %d bytes %q…, want whole entries from the right, at most %d bytes", len(long), len(got), got[:min(len(got), 40)], bounds.MaxValueLength)
+	}
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/emf"
 	"github.com/tollgate-dev/tollgate/shared/engine"
-	"github.com/tollgate-dev/tollgate/shared/policy"
 )
 
 // ErrUnauthorized is the error API Gateway turns into 401 Unauthorized: its message
@@ -46,13 +45,9 @@ const (
 
 // Handler answers API Gateway authorizer events. It is safe for simultaneous use.
 type Handler struct {
-	eng    *engine.Engine
-	pol    *policy.Policy
-	domain string
-	x      extractor
-	// keyRules are the policy's non-shadow rules that match on api_key: the rules
-	// that only a request with an API key can meet.
-	keyRules []*policy.Rule
+	eng      *engine.Engine
+	domain   string
+	x        extractor
 	usageKey bool
 	metrics  *metrics
 	log      *slog.Logger
@@ -82,16 +77,10 @@ func NewHandler(cfg HandlerConfig) (*Handler, error) {
 	p := cfg.Engine.Policy()
 	h := &Handler{
 		eng:      cfg.Engine,
-		pol:      p,
 		domain:   p.Domain,
 		x:        newExtractor(p),
 		usageKey: cfg.UsageIdentifierKey,
 		log:      cfg.Logger,
-	}
-	for _, r := range p.Rules {
-		if _, ok := r.Match[attrAPIKey]; ok && !r.Shadow {
-			h.keyRules = append(h.keyRules, r)
-		}
 	}
 	if h.log == nil {
 		h.log = slog.Default()
@@ -120,18 +109,24 @@ func (h *Handler) Handle(ctx context.Context, raw []byte) (any, error) {
 		h.metrics.record(start, "none", resultBadEvent, false, false)
 		return nil, err
 	}
-	if h.unauthorized(r) {
-		h.log.Info("unauthorized: no API key or token, and no rule limits the request without one",
-			"request_id", reqID, "event", r.shape.String(), "principal", r.principal)
-		h.metrics.record(start, "none", resultUnauthorized, false, r.addrFallback)
-		return nil, ErrUnauthorized
-	}
-	v, err := h.eng.Check(ctx, engine.Request{Domain: h.domain, Attributes: r.attrs, Cost: 1})
+	plan, err := h.eng.Plan(engine.Request{Domain: h.domain, Attributes: r.attrs, Cost: 1})
 	if err != nil {
 		h.log.Error("decision failed", "request_id", reqID, "event", r.shape.String(), "err", err)
-		h.metrics.record(start, "none", resultError, false, r.addrFallback)
+		h.metrics.record(start, "none", resultError, false, false)
 		return nil, fmt.Errorf("authorizer: decide: %w", err)
 	}
+	if !r.identity && r.principal == anonymous {
+		if plan.Client != "" {
+			r.principal = plan.Client
+		}
+	}
+	if unauthorized(r, plan) {
+		h.log.Info("unauthorized: no API key or token, and no rule limits the request without one",
+			"request_id", reqID, "event", r.shape.String(), "principal", r.principal)
+		h.metrics.record(start, "none", resultUnauthorized, false, plan.AddressFellBack)
+		return nil, ErrUnauthorized
+	}
+	v := h.eng.Decide(ctx, plan)
 	result := resultAllowed
 	switch {
 	case v.Reason == engine.ReasonUnavailable:
@@ -139,7 +134,7 @@ func (h *Handler) Handle(ctx context.Context, raw []byte) (any, error) {
 	case !v.Allowed:
 		result = resultDenied
 	}
-	h.metrics.record(start, v.Rule, result, v.Degraded, r.addrFallback)
+	h.metrics.record(start, v.Rule, result, v.Degraded, plan.AddressFellBack)
 	h.log.Debug("decided", "request_id", reqID, "event", r.shape.String(), "principal", r.principal,
 		"result", result, "rule", v.Rule, "degraded", v.Degraded)
 	c := decisionContext(v)
@@ -160,54 +155,17 @@ func (h *Handler) Handle(ctx context.Context, raw []byte) (any, error) {
 }
 
 // unauthorized reports whether r lacks an identity the policy requires: a missing
-// identity is an authentication failure (401), not a rate-limit denial.
-//
-// A TOKEN authorizer always requires its token. Otherwise the policy requires an API
-// key of a request when only rules keyed on api_key could limit it: no non-shadow rule
-// applies to the request as it is, and some non-shadow rule that matches on api_key
-// would apply if it carried a key. A request that a non-shadow rule limits without a
-// key (POST /login by client address, /search globally) is decided, not rejected; one
-// that no rule could limit, key or not, is decided too (and allowed). Shadow rules
-// never deny, so they neither limit a request nor require its identity.
-func (h *Handler) unauthorized(r request) bool {
-	switch {
-	case r.identity:
-		return false
-	case r.shape == restToken:
-		return true
+// identity is an authentication failure (401), not a rate-limit denial. A TOKEN
+// authorizer always requires its token; otherwise the policy requires an API key of a
+// request when only rules keyed on api_key could limit it (policy.KeyRequired). A
+// request that a rule limits without a key (POST /login by client address, /search
+// globally) is decided, not rejected; one that no rule could limit is decided too
+// (and allowed).
+func unauthorized(r request, plan engine.Plan) bool {
+	if r.shape == restToken {
+		return !r.identity
 	}
-	keyed := false
-	for _, rule := range h.keyRules {
-		if appliesWithKey(rule, r.attrs) {
-			keyed = true
-			break
-		}
-	}
-	if !keyed {
-		return false
-	}
-	for _, m := range h.pol.Match(r.attrs) {
-		if !m.Rule.Shadow {
-			return false
-		}
-	}
-	return true
-}
-
-// appliesWithKey reports whether rule would apply to a request with attrs and an
-// API key the rule accepts: whether every attribute it names but api_key is present in
-// attrs with the value the rule wants ("*": any value), as policy.Policy.Match
-// decides.
-func appliesWithKey(rule *policy.Rule, attrs map[string]string) bool {
-	for a, want := range rule.Match {
-		if a == attrAPIKey {
-			continue
-		}
-		if v, ok := attrs[a]; !ok || want != "*" && v != want {
-			return false
-		}
-	}
-	return true
+	return plan.KeyRequired
 }
 
 // Invoke answers one event as raw JSON; it makes the Handler a lambda.Handler, so

@@ -14,6 +14,7 @@ import (
 	"testing/iotest"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/shared/bounds"
 	"github.com/tollgate-dev/tollgate/shared/decision"
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/policy"
@@ -52,7 +53,7 @@ var parseCases = []struct {
 	{body: `{"domain":"test","attributes":{"a":null},"cost":null}`,
 		want: engine.Request{Domain: "test", Attributes: map[string]string{"a": ""}, Cost: 1}},
 	{body: `{"domain":"test","cost":-0}`, want: engine.Request{Domain: "test", Cost: 0}},
-	{body: fmt.Sprintf(`{"domain":"test","cost":%d}`, engine.MaxCost), want: engine.Request{Domain: "test", Cost: engine.MaxCost}},
+	{body: fmt.Sprintf(`{"domain":"test","cost":%d}`, bounds.MaxCost), want: engine.Request{Domain: "test", Cost: bounds.MaxCost}},
 
 	// Each name once, in the body and in attributes: the last of two used to win,
 	// so "cost":1,"cost":100000 charged 100,000.
@@ -101,10 +102,10 @@ var parseCases = []struct {
 	{body: `{"domain":"test","cost":"1"}`, field: "cost", err: "cost must be a whole number, not a JSON string"},
 	{body: `{"domain":"test","cost":9999999999999999999}`, field: "cost", err: "cost must be a whole number"},
 	{body: `{"domain":"test","cost":-1}`, field: "cost", err: "cost must be from 0 to 1048576"},
-	{body: fmt.Sprintf(`{"domain":"test","cost":%d}`, engine.MaxCost+1), field: "cost", err: "cost must be from 0 to"},
-	{body: manyAttributes(engine.MaxAttributes + 1), field: "attributes", err: "65 attributes; at most 64"},
+	{body: fmt.Sprintf(`{"domain":"test","cost":%d}`, bounds.MaxCost+1), field: "cost", err: "cost must be from 0 to"},
+	{body: manyAttributes(bounds.MaxAttributes + 1), field: "attributes", err: "65 attributes; at most 64"},
 	{body: `{"domain":"test","attributes":{"api_key":"` + strings.Repeat("x", 1025) + `"}}`, field: "attributes.api_key", err: "value longer than 1024 bytes"},
-	{body: `{"domain":"test","attributes":{"a":"` + strings.Repeat("x", decision.MaxBody) + `"}}`, err: "body is larger than 16384 bytes"},
+	{body: `{"domain":"test","attributes":{"a":"` + strings.Repeat("x", bounds.MaxBody) + `"}}`, err: "body is larger than 16384 bytes"},
 }
 
 func TestParseCheckRequest(t *testing.T) {
@@ -121,9 +122,9 @@ func TestParseCheckRequest(t *testing.T) {
 			t.Errorf("ParseCheckRequest(%.80q) = %+v, %+v; want an error on field %q containing %q", tc.body, req, perr, tc.field, tc.err)
 		}
 	}
-	many := manyAttributes(engine.MaxAttributes)
-	if req, perr := decision.ParseCheckRequest([]byte(many)); perr != nil || len(req.Attributes) != engine.MaxAttributes {
-		t.Errorf("ParseCheckRequest(%d attributes) = %d attributes, %+v; want them all", engine.MaxAttributes, len(req.Attributes), perr)
+	many := manyAttributes(bounds.MaxAttributes)
+	if req, perr := decision.ParseCheckRequest([]byte(many)); perr != nil || len(req.Attributes) != bounds.MaxAttributes {
+		t.Errorf("ParseCheckRequest(%d attributes) = %d attributes, %+v; want them all", bounds.MaxAttributes, len(req.Attributes), perr)
 	}
 }
 

@@ -26,12 +26,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/bounds"
 	"github.com/tollgate-dev/tollgate/shared/breaker"
 	"github.com/tollgate-dev/tollgate/shared/engine"
 )
-
-// MaxBody is the largest request body accepted, in bytes.
-const MaxBody = 16 << 10
 
 // DelayHeader carries a leaky-bucket shaping delay, in milliseconds.
 const DelayHeader = "X-Tollgate-Delay-Ms"
@@ -151,8 +149,8 @@ func ms(d time.Duration) int64 {
 // attributes), invalid UTF-8 or anything after the object is an error, as is an
 // unknown field. Answers are written by encoding/json.
 func ParseCheckRequest(body []byte) (engine.Request, *ErrorResponse) {
-	if len(body) > MaxBody {
-		return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("body is larger than %d bytes", MaxBody)}
+	if len(body) > bounds.MaxBody {
+		return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("body is larger than %d bytes", bounds.MaxBody)}
 	}
 	if !utf8.Valid(body) {
 		return engine.Request{}, &ErrorResponse{Error: "body is not valid UTF-8"}
@@ -164,20 +162,12 @@ func ParseCheckRequest(body []byte) (engine.Request, *ErrorResponse) {
 	if cr.Domain == "" {
 		return engine.Request{}, &ErrorResponse{Error: `domain is required, e.g. {"domain": "public-api", "attributes": {...}}`, Field: "domain"}
 	}
-	if len(cr.Attributes) > engine.MaxAttributes {
-		return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("%d attributes; at most %d", len(cr.Attributes), engine.MaxAttributes), Field: "attributes"}
-	}
-	for k, v := range cr.Attributes {
-		if len(v) > engine.MaxValueLength || len(k) > engine.MaxValueLength {
-			return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("value longer than %d bytes", engine.MaxValueLength), Field: "attributes." + truncate(k, 64)}
-		}
-	}
 	r := engine.Request{Domain: cr.Domain, Attributes: cr.Attributes, Cost: 1}
 	if cr.Cost != nil {
 		r.Cost = *cr.Cost
-		if r.Cost < 0 || r.Cost > engine.MaxCost {
-			return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("cost must be from 0 to %d", engine.MaxCost), Field: "cost"}
-		}
+	}
+	if err := bounds.Check(r.Attributes, r.Cost); err != nil {
+		return engine.Request{}, &ErrorResponse{Error: err.Msg, Field: err.Field}
 	}
 	return r, nil
 }
@@ -258,15 +248,8 @@ func want(field string) string {
 	return "of another type"
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
-}
-
 func (h *handler) check(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	body, err := io.ReadAll(io.LimitReader(r.Body, bounds.MaxBody+1))
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: "reading body: " + err.Error()})
 		return
@@ -279,11 +262,7 @@ func (h *handler) check(w http.ResponseWriter, r *http.Request) {
 	v, err := h.eng.Check(r.Context(), req)
 	if err != nil {
 		if errors.Is(err, engine.ErrBadRequest) {
-			field := ""
-			if errors.Is(err, engine.ErrUnknownDomain) {
-				field = "domain"
-			}
-			writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: err.Error(), Field: field})
+			writeJSON(w, http.StatusBadRequest, badRequest(err))
 			return
 		}
 		h.log.Error("check failed", "err", err)
@@ -426,7 +405,7 @@ type LimitState struct {
 }
 
 func (h *handler) adminRequest(w http.ResponseWriter, r *http.Request) (engine.Request, bool) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	body, err := io.ReadAll(io.LimitReader(r.Body, bounds.MaxBody+1))
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: "reading body: " + err.Error()})
 		return engine.Request{}, false
@@ -484,9 +463,23 @@ func (h *handler) reset(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"reset": keys})
 }
 
+// badRequest is the answer to an engine error that wraps ErrBadRequest, naming the
+// field the caller got wrong.
+func badRequest(err error) ErrorResponse {
+	er := ErrorResponse{Error: err.Error()}
+	var be *bounds.Error
+	switch {
+	case errors.Is(err, engine.ErrUnknownDomain):
+		er.Field = "domain"
+	case errors.As(err, &be):
+		er.Field = be.Field
+	}
+	return er
+}
+
 func (h *handler) writeEngineError(w http.ResponseWriter, err error) {
 	if errors.Is(err, engine.ErrBadRequest) {
-		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: err.Error()})
+		writeJSON(w, http.StatusBadRequest, badRequest(err))
 		return
 	}
 	h.log.Error("admin request failed", "err", err)

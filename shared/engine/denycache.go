@@ -78,16 +78,16 @@ func (c *denyCache) forget(keys []string) {
 
 // fromDenyCache answers a request from the deny cache when one of its non-shadow keys
 // is still denied.
-func (e *Engine) fromDenyCache(m matched, now int64) (Verdict, bool) {
-	if e.deny == nil || m.check.Cost == 0 {
+func (e *Engine) fromDenyCache(p Plan, now int64) (Verdict, bool) {
+	if e.deny == nil || p.Check.Cost == 0 {
 		return Verdict{}, false
 	}
-	for i, k := range m.check.Keys {
-		if m.rule(i).Shadow {
+	for i, k := range p.Check.Keys {
+		if p.Rules[i].Shadow {
 			continue
 		}
 		den, ok := e.deny.get(k, now)
-		if !ok || m.check.Cost < den.cost {
+		if !ok || p.Check.Cost < den.cost {
 			continue
 		}
 		d := den.d
@@ -102,29 +102,29 @@ func (e *Engine) fromDenyCache(m matched, now int64) (Verdict, bool) {
 			Cached:   true,
 			Rule:     den.rule,
 			Decision: d,
-			Limits:   []LimitResult{{Rule: den.rule, Algorithm: m.check.Meters[i].Algorithm(), Decision: d}},
+			Limits:   []LimitResult{{Rule: den.rule, Algorithm: p.Check.Meters[i].Algorithm(), Decision: d}},
 		}, true
 	}
 	return Verdict{}, false
 }
 
 // remember puts the keys that denied a request in the deny cache, until their retry.
-func (e *Engine) remember(m matched, out algo.Outcome, now int64) {
+func (e *Engine) remember(p Plan, out algo.Outcome, now int64) {
 	if e.deny == nil || out.Allowed {
 		return
 	}
 	for i, ds := range out.Decisions {
-		if m.rule(i).Shadow {
+		if p.Rules[i].Shadow {
 			continue
 		}
 		for j, d := range ds {
-			if d.Allowed || d.RetryAfter <= 0 || m.check.Cost > m.check.Meters[i].Limits[j].Capacity() {
+			if d.Allowed || d.RetryAfter <= 0 || p.Check.Cost > p.Check.Meters[i].Limits[j].Capacity() {
 				// A cost above the capacity is denied whatever the state: nothing to
 				// remember about the key.
 				continue
 			}
 			// The store's clock decided; count the retry from ours.
-			e.deny.put(m.check.Keys[i], denial{until: now + int64(d.RetryAfter/time.Microsecond), cost: m.check.Cost, rule: m.rule(i).Name, d: d}, now)
+			e.deny.put(p.Check.Keys[i], denial{until: now + int64(d.RetryAfter/time.Microsecond), cost: p.Check.Cost, rule: p.Rules[i].Name, d: d}, now)
 			break
 		}
 	}

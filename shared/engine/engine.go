@@ -10,12 +10,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/bounds"
 	"github.com/tollgate-dev/tollgate/shared/breaker"
+	"github.com/tollgate-dev/tollgate/shared/identity"
 	"github.com/tollgate-dev/tollgate/shared/memstore"
 	"github.com/tollgate-dev/tollgate/shared/policy"
 )
@@ -44,14 +46,6 @@ type NodeStore interface {
 // storeNode names the engine's own breaker, in front of a Store that is not a
 // NodeStore.
 const storeNode = "store"
-
-// Request limits on what a caller may send; larger requests are rejected as
-// ErrBadRequest.
-const (
-	MaxAttributes  = 64
-	MaxValueLength = 1024
-	MaxCost        = 1 << 20
-)
 
 // Errors of Check. A caller's mistake wraps ErrBadRequest.
 var (
@@ -247,138 +241,114 @@ func (e *Engine) Health(ctx context.Context) []breaker.Status {
 }
 
 // ValidateRequest reports a caller's mistake in r, wrapping ErrBadRequest and naming
-// the field.
+// the field: an unknown domain, or a request past the bounds of package bounds.
 func (e *Engine) ValidateRequest(r Request) error {
 	if r.Domain != e.pol.Domain {
 		return fmt.Errorf("%w %q: this service decides domain %q", ErrUnknownDomain, r.Domain, e.pol.Domain)
 	}
-	if r.Cost < 0 || r.Cost > MaxCost {
-		return fmt.Errorf("%w: cost %d: must be from 0 to %d", ErrBadRequest, r.Cost, MaxCost)
-	}
-	if len(r.Attributes) > MaxAttributes {
-		return fmt.Errorf("%w: attributes: %d attributes, at most %d", ErrBadRequest, len(r.Attributes), MaxAttributes)
-	}
-	for k, v := range r.Attributes {
-		if len(k) > MaxValueLength || len(v) > MaxValueLength {
-			return fmt.Errorf("%w: attributes.%.64s: longer than %d bytes", ErrBadRequest, k, MaxValueLength)
-		}
-		if !utf8.ValidString(k) || !utf8.ValidString(v) {
-			return fmt.Errorf("%w: attributes.%q: not valid UTF-8", ErrBadRequest, k)
-		}
+	if err := bounds.Check(r.Attributes, r.Cost); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
 	return nil
 }
 
-// matched is a request's meters with what each belongs to.
-//
-// When one rule matched (the common case) the check shares the policy's slices and
-// one holds the rule; otherwise rules holds each meter's rule.
-type matched struct {
-	check algo.Check
-	one   *policy.Rule
-	rules []*policy.Rule // per meter, when several rules matched
+// A Plan is a request matched against the policy: the meters the store must decide,
+// each with its rule. Build it with Plan; decide it with Decide.
+type Plan struct {
+	// Domain is the request's.
+	Domain string
+	// Check holds the store keys and meters of every matched limit and the cost.
+	Check algo.Check
+	// Rules holds each meter's rule: Rules[i] is the rule of Check.Meters[i].
+	Rules []*policy.Rule
+	// KeyRequired reports that only rules keyed on an API key could limit the request,
+	// and it carries none (policy.KeyRequired): a front door that authenticates
+	// answers it as unauthenticated rather than decide it.
+	KeyRequired bool
+	// Client is the client's address as identity.Address derived it from the
+	// remote_address and x-forwarded-for attributes, or "" when the request has no
+	// remote_address.
+	Client string
+	// AddressFellBack reports that the request's X-Forwarded-For was sent but its
+	// trusted entry was unusable, so the address the front door saw identifies the
+	// client (see identity.Address).
+	AddressFellBack bool
 }
 
-// rule returns the rule of meter i.
-func (m *matched) rule(i int) *policy.Rule {
-	if m.one != nil {
-		return m.one
-	}
-	return m.rules[i]
-}
-
-// RemoteAddress and ForwardedFor are the attributes the engine normalizes: the client
-// address is aggregated as the policy's identity options say (IPv6 to a prefix, the
-// trusted X-Forwarded-For hop), whichever front door sent it.
+// RemoteAddress and ForwardedFor are the attributes of the client's address: front
+// doors send the address they saw and the X-Forwarded-For header as they are, and
+// the engine alone turns them into the client's identity (identity.Address).
 const (
 	RemoteAddress = "remote_address"
 	ForwardedFor  = "x-forwarded-for"
 )
 
-// attributes returns r's attributes with remote_address normalized; the caller's map
-// is copied only when the value changes.
-func (e *Engine) attributes(attrs map[string]string) map[string]string {
-	ra, ok := attrs[RemoteAddress]
-	if !ok {
-		return attrs
+// Plan validates r, identifies its client and matches it against the policy: the one
+// place a request's attributes become the limits to decide.
+func (e *Engine) Plan(r Request) (Plan, error) {
+	if err := e.ValidateRequest(r); err != nil {
+		return Plan{}, err
 	}
-	n, fellBack := policy.NormalizeAddress(ra, attrs[ForwardedFor], e.pol.Identity)
-	if fellBack && e.hooks.IdentityFallback != nil {
-		e.hooks.IdentityFallback()
-	}
-	if n == ra {
-		return attrs
-	}
-	c := make(map[string]string, len(attrs))
-	for k, v := range attrs {
-		c[k] = v
-	}
-	c[RemoteAddress] = n
-	return c
-}
-
-func (e *Engine) match(r Request) matched {
-	var m matched
-	m.check.Cost = r.Cost
-	var buf [2]policy.Match // most requests match one or two rules
-	mts := e.pol.AppendMatch(buf[:0], e.attributes(r.Attributes))
-	if len(mts) == 1 {
-		// Match's slices are the request's own and are never modified.
-		m.check.Keys, m.check.Meters, m.one = mts[0].Keys, mts[0].Meters, mts[0].Rule
-		return m
-	}
-	n := 0
-	for _, mt := range mts {
-		n += len(mt.Meters)
-	}
-	m.check.Keys = make([]string, 0, n)
-	m.check.Meters = make([]algo.Meter, 0, n)
-	m.rules = make([]*policy.Rule, 0, n)
-	for _, mt := range mts {
-		for i, mr := range mt.Meters {
-			m.check.Keys = append(m.check.Keys, mt.Keys[i])
-			m.check.Meters = append(m.check.Meters, mr)
-			m.rules = append(m.rules, mt.Rule)
+	attrs := r.Attributes
+	p := Plan{Domain: r.Domain, Check: algo.Check{Cost: r.Cost}}
+	if ra, ok := attrs[RemoteAddress]; ok {
+		p.Client, p.AddressFellBack = identity.Address(ra, attrs[ForwardedFor], e.pol.Identity)
+		if p.AddressFellBack && e.hooks.IdentityFallback != nil {
+			e.hooks.IdentityFallback()
+		}
+		if p.Client != ra {
+			attrs = maps.Clone(attrs)
+			attrs[RemoteAddress] = p.Client
 		}
 	}
-	return m
+	matches := e.pol.Match(attrs)
+	p.KeyRequired = e.pol.KeyRequired(attrs, matches)
+	for _, mt := range matches {
+		for i, mr := range mt.Meters {
+			p.Check.Keys = append(p.Check.Keys, mt.Keys[i])
+			p.Check.Meters = append(p.Check.Meters, mr)
+			p.Rules = append(p.Rules, mt.Rule)
+		}
+	}
+	return p, nil
 }
 
-// Check decides r. Being over a limit is a Verdict, not an error; the error is
-// ErrBadRequest (wrapped) for a caller's mistake. A store failure is never an error:
-// the policy's failure mode decides and the verdict says Degraded.
+// Check decides r: Plan, then Decide. Being over a limit is a Verdict, not an error;
+// the error is ErrBadRequest (wrapped) for a caller's mistake. A store failure is
+// never an error: the policy's failure mode decides and the verdict says Degraded.
 func (e *Engine) Check(ctx context.Context, r Request) (Verdict, error) {
-	start := e.clock()
-	if err := e.ValidateRequest(r); err != nil {
+	p, err := e.Plan(r)
+	if err != nil {
 		return Verdict{}, err
 	}
-	m := e.match(r)
-	if len(m.check.Meters) == 0 {
-		v := Verdict{Allowed: true}
-		e.decided(r.Domain, v, start)
-		return v, nil
-	}
-	now := start.UnixMicro()
-	if v, ok := e.fromDenyCache(m, now); ok {
-		e.decided(r.Domain, v, start)
-		return v, nil
-	}
-	out, err := e.decideInStore(ctx, m.check)
-	var v Verdict
-	if err != nil {
-		v = e.failureMode(ctx, m, now, err)
-	} else {
-		v = e.verdict(m, out)
-		e.remember(m, out, now)
-	}
-	e.decided(r.Domain, v, start)
-	return v, nil
+	return e.Decide(ctx, p), nil
 }
 
-func (e *Engine) decided(domain string, v Verdict, start time.Time) {
+// Decide decides a plan: from the deny cache when it knows a key is denied, else in
+// the store, else (the store failed) by the policy's failure mode.
+func (e *Engine) Decide(ctx context.Context, p Plan) Verdict {
+	start := e.clock()
+	v := e.decide(ctx, p, start)
 	if e.hooks.Decided != nil {
-		e.hooks.Decided(domain, v, e.clock().Sub(start))
+		e.hooks.Decided(p.Domain, v, e.clock().Sub(start))
 	}
+	return v
+}
+
+func (e *Engine) decide(ctx context.Context, p Plan, start time.Time) Verdict {
+	if len(p.Check.Meters) == 0 {
+		return Verdict{Allowed: true}
+	}
+	now := start.UnixMicro()
+	if v, ok := e.fromDenyCache(p, now); ok {
+		return v
+	}
+	out, err := e.decideInStore(ctx, p.Check)
+	if err != nil {
+		return e.failureMode(ctx, p, now, err)
+	}
+	e.remember(p, out, now)
+	return e.verdict(p, out)
 }
 
 // decideInStore runs the check in the store, within the policy's timeout and behind
@@ -414,7 +384,7 @@ func (e *Engine) decideInStore(ctx context.Context, c algo.Check) (algo.Outcome,
 }
 
 // failureMode decides a request whose store decision failed.
-func (e *Engine) failureMode(ctx context.Context, m matched, now int64, cause error) Verdict {
+func (e *Engine) failureMode(ctx context.Context, p Plan, now int64, cause error) Verdict {
 	mode := e.pol.Failure.Mode
 	if !errors.Is(cause, breaker.ErrOpen) {
 		e.log.Warn("store decision failed; applying the failure mode", "mode", string(mode), "err", cause)
@@ -428,19 +398,19 @@ func (e *Engine) failureMode(ctx context.Context, m matched, now int64, cause er
 		v.Decision = algo.Decision{RetryAfter: time.Second}
 		return v
 	case policy.FailLocal:
-		c := m.check
-		c.Now = now
-		c.Meters = make([]algo.Meter, len(m.check.Meters))
-		for i, mt := range m.check.Meters {
-			c.Meters[i] = policy.Scale(mt, e.pol.Failure.ExpectedInstances)
+		local := p
+		local.Check.Now = now
+		local.Check.Meters = make([]algo.Meter, len(p.Check.Meters))
+		for i, mt := range p.Check.Meters {
+			local.Check.Meters[i] = policy.Scale(mt, e.pol.Failure.ExpectedInstances)
 		}
-		out, err := e.local.Decide(ctx, c)
+		out, err := e.local.Decide(ctx, local.Check)
 		if err != nil {
 			// The in-process store fails only on a malformed check; admit, as open does.
 			e.log.Error("in-process decision failed", "err", err)
 			return Verdict{Allowed: true, Degraded: true}
 		}
-		v := e.verdict(matched{check: c, one: m.one, rules: m.rules}, out)
+		v := e.verdict(local, out)
 		v.Degraded = true
 		return v
 	default:
@@ -450,7 +420,7 @@ func (e *Engine) failureMode(ctx context.Context, m matched, now int64, cause er
 
 // verdict turns a store outcome into a verdict: the most restrictive decision, every
 // limit's detail, and the headers.
-func (e *Engine) verdict(m matched, out algo.Outcome) Verdict {
+func (e *Engine) verdict(p Plan, out algo.Outcome) Verdict {
 	v := Verdict{Allowed: out.Allowed}
 	n := 0
 	for _, ds := range out.Decisions {
@@ -460,9 +430,9 @@ func (e *Engine) verdict(m matched, out algo.Outcome) Verdict {
 	best := -1
 	var bestD algo.Decision
 	for i, ds := range out.Decisions {
-		mt := m.check.Meters[i]
+		mt := p.Check.Meters[i]
 		for j, d := range ds {
-			rule := m.rule(i)
+			rule := p.Rules[i]
 			v.Limits = append(v.Limits, LimitResult{Rule: rule.Name, Algorithm: mt.Limits[j].Algorithm, Shadow: rule.Shadow, Decision: d})
 			if rule.Shadow {
 				continue
@@ -470,7 +440,7 @@ func (e *Engine) verdict(m matched, out algo.Outcome) Verdict {
 			if out.Allowed {
 				v.Delay = max(v.Delay, d.Delay)
 			}
-			if best < 0 || moreRestrictive(d, bestD, out.Allowed) {
+			if best < 0 || algo.MoreRestrictive(d, bestD) {
 				best, bestD = len(v.Limits)-1, d
 			}
 		}
@@ -488,45 +458,30 @@ func (e *Engine) verdict(m matched, out algo.Outcome) Verdict {
 	return v
 }
 
-// moreRestrictive reports whether d should be reported instead of cur.
-func moreRestrictive(d, cur algo.Decision, allowed bool) bool {
-	if !allowed {
-		if d.Allowed != cur.Allowed {
-			return !d.Allowed
-		}
-		return d.RetryAfter > cur.RetryAfter
-	}
-	if d.Remaining != cur.Remaining {
-		return d.Remaining < cur.Remaining
-	}
-	return d.ResetAfter > cur.ResetAfter
-}
-
-// Peek returns the current decisions for attrs without charging anything.
+// Peek returns the current decisions for attrs without charging anything, and the
+// store keys it read.
 func (e *Engine) Peek(ctx context.Context, domain string, attrs map[string]string) (Verdict, []string, error) {
-	r := Request{Domain: domain, Attributes: attrs}
-	if err := e.ValidateRequest(r); err != nil {
+	p, err := e.Plan(Request{Domain: domain, Attributes: attrs})
+	if err != nil {
 		return Verdict{}, nil, err
 	}
-	m := e.match(r)
-	if len(m.check.Meters) == 0 {
+	if len(p.Check.Meters) == 0 {
 		return Verdict{Allowed: true}, nil, nil
 	}
-	out, err := e.decideInStore(ctx, m.check)
+	out, err := e.decideInStore(ctx, p.Check)
 	if err != nil {
 		return Verdict{}, nil, fmt.Errorf("engine: peek: %w", err)
 	}
-	return e.verdict(m, out), m.check.Keys, nil
+	return e.verdict(p, out), p.Check.Keys, nil
 }
 
 // Keys returns the store keys and meters a request with attrs touches.
 func (e *Engine) Keys(domain string, attrs map[string]string) ([]string, []algo.Meter, error) {
-	r := Request{Domain: domain, Attributes: attrs}
-	if err := e.ValidateRequest(r); err != nil {
+	p, err := e.Plan(Request{Domain: domain, Attributes: attrs})
+	if err != nil {
 		return nil, nil, err
 	}
-	m := e.match(r)
-	return m.check.Keys, m.check.Meters, nil
+	return p.Check.Keys, p.Check.Meters, nil
 }
 
 // Forget drops keys from the deny cache and the in-process store (after an admin

@@ -59,12 +59,3 @@ rules:
 	//	rules[1].name: "per-key" is used by rules[0]; rule names must be unique (line 7)
 	//	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record (line 9)
 }
-
-func ExampleClientAddress() {
-	id := policy.Identity{TrustedProxies: 1, IPv6Prefix: 64}
-	fmt.Println(policy.ClientAddress("10.0.0.7:41234", "198.51.100.7", id))
-	fmt.Println(policy.ClientAddress("[2001:db8:1:2::7]:443", "", policy.Identity{IPv6Prefix: 64}))
-	// Output:
-	// 198.51.100.7
-	// 2001:db8:1:2::/64
-}

@@ -51,9 +51,13 @@ func (r *Rule) compile(shardBy string) {
 }
 
 // applies reports whether every attribute the rule names is present in attrs with
-// the value the rule wants ("*": any value).
-func (r *Rule) applies(attrs map[string]string) bool {
+// the value the rule wants ("*": any value). An attribute named skip is taken as
+// present with the value the rule wants.
+func (r *Rule) applies(attrs map[string]string, skip string) bool {
 	for _, a := range r.attrs {
+		if a == skip {
+			continue
+		}
 		v, ok := attrs[a]
 		if !ok {
 			return false
@@ -79,11 +83,13 @@ func (r *Rule) applies(attrs map[string]string) bool {
 // Match returns nil if no rule applies.
 func (p *Policy) Match(attrs map[string]string) []Match { return p.AppendMatch(nil, attrs) }
 
-// AppendMatch appends what Match returns to dst and returns the extended slice.
+// AppendMatch appends what Match returns to dst and returns the extended slice. It
+// counts before it allocates, and builds short identities without a builder, for the
+// allocation bounds TestMatchAllocations keeps.
 func (p *Policy) AppendMatch(dst []Match, attrs map[string]string) []Match {
 	n, nkeys, nrec := 0, 0, 0
 	for _, r := range p.Rules {
-		if r.applies(attrs) {
+		if r.applies(attrs, "") {
 			n++
 			nkeys += len(r.Meters)
 			if r.recording {
@@ -106,7 +112,7 @@ func (p *Policy) AppendMatch(dst []Match, attrs map[string]string) []Match {
 	}
 	var buf [8]string
 	for _, r := range p.Rules {
-		if !r.applies(attrs) {
+		if !r.applies(attrs, "") {
 			continue
 		}
 		esc := buf[:0]
@@ -140,6 +146,33 @@ func (p *Policy) AppendMatch(dst []Match, attrs map[string]string) []Match {
 		out = append(out, m)
 	}
 	return out
+}
+
+// APIKey is the attribute that carries a request's API key (or its token's hash):
+// the identity a front door may require of a request (KeyRequired).
+const APIKey = "api_key"
+
+// KeyRequired reports whether a request with attrs, which matched matches, needs an
+// API key to be limited: no non-shadow rule limits it as it is, and some non-shadow
+// rule that matches on APIKey would if it carried a key the rule accepts. A request
+// that a non-shadow rule limits without a key (POST /login by client address) does
+// not need one, nor does one that no rule could limit, key or not. Shadow rules never
+// deny, so they neither limit a request nor require its identity.
+func (p *Policy) KeyRequired(attrs map[string]string, matches []Match) bool {
+	if _, ok := attrs[APIKey]; ok {
+		return false
+	}
+	for _, m := range matches {
+		if !m.Rule.Shadow {
+			return false
+		}
+	}
+	for _, r := range p.Rules {
+		if _, keyed := r.Match[APIKey]; keyed && !r.Shadow && r.applies(attrs, APIKey) {
+			return true
+		}
+	}
+	return false
 }
 
 // joinSkip joins the values of vs, except the one at index skip, with ':'.

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/identity"
 )
 
 // MaxSize is the largest policy Parse and Load accept, in bytes.
@@ -31,7 +32,7 @@ const (
 	DefaultTimeout           = 50 * time.Millisecond
 	DefaultBreakerFailures   = 5
 	DefaultBreakerOpenFor    = 5 * time.Second
-	DefaultIPv6Prefix        = 64
+	DefaultIPv6Prefix        = identity.DefaultIPv6Prefix
 	DefaultDenyCacheEntries  = 100000
 	DefaultExpectedInstances = 1
 )
@@ -86,15 +87,8 @@ type Breaker struct {
 	OpenFor  time.Duration // the longest wait between probes; default 5s
 }
 
-// Identity says how a client's address is derived (see ClientAddress).
-type Identity struct {
-	// TrustedProxies is how many proxy hops in front of tollgate append to
-	// X-Forwarded-For and can be trusted. Default 0: the socket or event address wins.
-	TrustedProxies int
-	// IPv6Prefix is the prefix length IPv6 client addresses are aggregated to, 1 to
-	// 128. Default 64.
-	IPv6Prefix int
-}
+// Identity says how a client's address is derived (see identity.Address).
+type Identity = identity.Options
 
 // DenyCache configures the in-process cache of denied keys, which answers repeated
 // requests of a denied client without a store round trip until the key resets.
