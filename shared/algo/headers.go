@@ -36,61 +36,17 @@ func LimitItem(name string, d Decision) string {
 // RateLimit-Policy, RateLimit, X-RateLimit-Limit, X-RateLimit-Remaining,
 // X-RateLimit-Reset, and Retry-After when the decision denies.
 func Headers(name string, d Decision) [][2]string {
-	// Every value is formatted into one buffer and sliced from one string: two
-	// allocations per decision instead of nine.
-	var buf [192]byte
-	var cut [6]int
-	b := appendSF(buf[:0], name)
-	b = append(b, ";q="...)
-	b = strconv.AppendInt(b, d.Limit, 10)
-	b = append(b, ";w="...)
-	b = strconv.AppendInt(b, max(1, Seconds(d.Period)), 10)
-	cut[0] = len(b)
-	b = appendSF(b, name)
-	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, max(0, d.Remaining), 10)
-	b = append(b, ";t="...)
-	b = strconv.AppendInt(b, Seconds(d.ResetAfter), 10)
-	cut[1] = len(b)
-	b = strconv.AppendInt(b, d.Limit, 10)
-	cut[2] = len(b)
-	b = strconv.AppendInt(b, max(0, d.Remaining), 10)
-	cut[3] = len(b)
-	b = strconv.AppendInt(b, Seconds(d.ResetAfter), 10)
-	cut[4] = len(b)
-	n := 5
-	if !d.Allowed {
-		b = strconv.AppendInt(b, RetryAfterSeconds(d.RetryAfter), 10)
-		cut[5] = len(b)
-		n = 6
+	h := [][2]string{
+		{"RateLimit-Policy", PolicyItem(name, d)},
+		{"RateLimit", LimitItem(name, d)},
+		{"X-RateLimit-Limit", strconv.FormatInt(d.Limit, 10)},
+		{"X-RateLimit-Remaining", strconv.FormatInt(max(0, d.Remaining), 10)},
+		{"X-RateLimit-Reset", strconv.FormatInt(Seconds(d.ResetAfter), 10)},
 	}
-	s := string(b)
-	h := make([][2]string, n)
-	from := 0
-	for i := range n {
-		h[i] = [2]string{headerNames[i], s[from:cut[i]]}
-		from = cut[i]
+	if !d.Allowed {
+		h = append(h, [2]string{"Retry-After", strconv.FormatInt(RetryAfterSeconds(d.RetryAfter), 10)})
 	}
 	return h
-}
-
-var headerNames = [6]string{"RateLimit-Policy", "RateLimit", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Retry-After"}
-
-// appendSF appends s as a structured-field string, as sfString formats it.
-func appendSF(b []byte, s string) []byte {
-	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c < 0x20 || c > 0x7e:
-			b = append(b, '?')
-		default:
-			b = append(b, c)
-		}
-	}
-	return append(b, '"')
 }
 
 // sfString formats s as a structured-field string (RFC 9651): quoted, with '"' and
