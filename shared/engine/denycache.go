@@ -79,14 +79,15 @@ func (c *denyCache) forget(keys []string) {
 // fromDenyCache answers a request from the deny cache when one of its non-shadow keys
 // is still denied.
 func (e *Engine) fromDenyCache(p Plan, now int64) (Verdict, bool) {
-	if e.deny == nil || p.Check.Cost == 0 {
+	deny := p.cur.deny
+	if deny == nil || p.Check.Cost == 0 {
 		return Verdict{}, false
 	}
 	for i, k := range p.Check.Keys {
 		if p.Rules[i].Shadow {
 			continue
 		}
-		den, ok := e.deny.get(k, now)
+		den, ok := deny.get(k, now)
 		if !ok || p.Check.Cost < den.cost {
 			continue
 		}
@@ -110,7 +111,8 @@ func (e *Engine) fromDenyCache(p Plan, now int64) (Verdict, bool) {
 
 // remember puts the keys that denied a request in the deny cache, until their retry.
 func (e *Engine) remember(p Plan, out algo.Outcome, now int64) {
-	if e.deny == nil || out.Allowed {
+	deny := p.cur.deny
+	if deny == nil || out.Allowed {
 		return
 	}
 	for i, ds := range out.Decisions {
@@ -124,7 +126,7 @@ func (e *Engine) remember(p Plan, out algo.Outcome, now int64) {
 				continue
 			}
 			// The store's clock decided; count the retry from ours.
-			e.deny.put(p.Check.Keys[i], denial{until: now + int64(d.RetryAfter/time.Microsecond), cost: p.Check.Cost, rule: p.Rules[i].Name, d: d}, now)
+			deny.put(p.Check.Keys[i], denial{until: now + int64(d.RetryAfter/time.Microsecond), cost: p.Check.Cost, rule: p.Rules[i].Name, d: d}, now)
 			break
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"maps"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
@@ -147,15 +148,29 @@ type Config struct {
 
 // Engine decides requests. It is safe for simultaneous use.
 type Engine struct {
-	pol     *policy.Policy
+	cur     atomic.Pointer[current]
 	store   Store
 	local   *memstore.Store
 	nodes   NodeStore        // the store, when it keeps a breaker per node
 	breaker *breaker.Breaker // in front of a store that is not a NodeStore
-	deny    *denyCache
 	clock   func() time.Time
 	log     *slog.Logger
 	hooks   Hooks
+}
+
+// current is the policy an engine decides with and what is derived from it. SetPolicy
+// replaces it whole; a request keeps the one it was planned with.
+type current struct {
+	pol  *policy.Policy
+	deny *denyCache // nil when the policy disables it
+}
+
+func newCurrent(p *policy.Policy) *current {
+	c := &current{pol: p}
+	if p.DenyCache.Enabled {
+		c.deny = newDenyCache(p.DenyCache.MaxEntries)
+	}
+	return c
 }
 
 // New returns an engine for cfg.
@@ -164,7 +179,6 @@ func New(cfg Config) (*Engine, error) {
 		return nil, errors.New("engine: nil policy")
 	}
 	e := &Engine{
-		pol:   cfg.Policy,
 		store: cfg.Store,
 		clock: cfg.Clock,
 		log:   cfg.Logger,
@@ -177,11 +191,23 @@ func New(cfg Config) (*Engine, error) {
 		e.log = slog.Default()
 	}
 	e.local = memstore.New(max(cfg.Policy.DenyCache.MaxEntries, memstore.DefaultMaxKeys), e.clock)
-	if cfg.Policy.DenyCache.Enabled {
-		e.deny = newDenyCache(cfg.Policy.DenyCache.MaxEntries)
+	e.cur.Store(newCurrent(cfg.Policy))
+	st := e.breakerSettings(cfg.Policy.Failure.Breaker)
+	switch s := cfg.Store.(type) {
+	case nil:
+	case NodeStore:
+		e.nodes = s
+		s.UseBreakers(st)
+	default:
+		e.breaker = breaker.New(storeNode, st)
+		st.OnChange(storeNode, breaker.Closed, breaker.Closed)
 	}
-	b := cfg.Policy.Failure.Breaker
-	st := breaker.Settings{
+	return e, nil
+}
+
+// breakerSettings are the settings of the store's circuit breakers under b.
+func (e *Engine) breakerSettings(b policy.Breaker) breaker.Settings {
+	return breaker.Settings{
 		Failures: max(1, b.Failures),
 		OpenFor:  b.OpenFor,
 		OnChange: func(node string, from, to breaker.State) {
@@ -198,20 +224,28 @@ func New(cfg Config) (*Engine, error) {
 			}
 		},
 	}
-	switch s := cfg.Store.(type) {
-	case nil:
-	case NodeStore:
-		e.nodes = s
-		s.UseBreakers(st)
-	default:
-		e.breaker = breaker.New(storeNode, st)
-		st.OnChange(storeNode, breaker.Closed, breaker.Closed)
-	}
-	return e, nil
 }
 
 // Policy returns the engine's policy.
-func (e *Engine) Policy() *policy.Policy { return e.pol }
+func (e *Engine) Policy() *policy.Policy { return e.cur.Load().pol }
+
+// SetPolicy makes the engine decide with p from its next request on; requests already
+// planned finish under the policy they were planned with. Limits whose keys p keeps
+// (the same rule name, match and limit position) keep their state in the store. The
+// deny cache starts empty, since p may have raised a limit that denied; the failure
+// mode, timeout and identity options take effect at once, and a node store's
+// circuit breakers start afresh when p changes their settings. The store's
+// connection settings are read once, at start.
+func (e *Engine) SetPolicy(p *policy.Policy) error {
+	if p == nil {
+		return errors.New("engine: nil policy")
+	}
+	old := e.cur.Swap(newCurrent(p))
+	if old.pol.Failure.Breaker != p.Failure.Breaker && e.nodes != nil {
+		e.nodes.UseBreakers(e.breakerSettings(p.Failure.Breaker))
+	}
+	return nil
+}
 
 // BreakerState returns the worst state of the circuit breakers: "closed",
 // "half-open" or "open" ("closed" with no store).
@@ -242,9 +276,11 @@ func (e *Engine) Health(ctx context.Context) []breaker.Status {
 
 // ValidateRequest reports a caller's mistake in r, wrapping ErrBadRequest and naming
 // the field: an unknown domain, or a request past the bounds of package bounds.
-func (e *Engine) ValidateRequest(r Request) error {
-	if r.Domain != e.pol.Domain {
-		return fmt.Errorf("%w %q: this service decides domain %q", ErrUnknownDomain, r.Domain, e.pol.Domain)
+func (e *Engine) ValidateRequest(r Request) error { return validate(e.Policy(), r) }
+
+func validate(pol *policy.Policy, r Request) error {
+	if r.Domain != pol.Domain {
+		return fmt.Errorf("%w %q: this service decides domain %q", ErrUnknownDomain, r.Domain, pol.Domain)
 	}
 	if err := bounds.Check(r.Attributes, r.Cost); err != nil {
 		return fmt.Errorf("%w: %w", ErrBadRequest, err)
@@ -273,6 +309,8 @@ type Plan struct {
 	// trusted entry was unusable, so the address the front door saw identifies the
 	// client (see identity.Address).
 	AddressFellBack bool
+
+	cur *current // the policy the plan was made with
 }
 
 // RemoteAddress and ForwardedFor are the attributes of the client's address: front
@@ -286,13 +324,15 @@ const (
 // Plan validates r, identifies its client and matches it against the policy: the one
 // place a request's attributes become the limits to decide.
 func (e *Engine) Plan(r Request) (Plan, error) {
-	if err := e.ValidateRequest(r); err != nil {
+	cur := e.cur.Load()
+	pol := cur.pol
+	if err := validate(pol, r); err != nil {
 		return Plan{}, err
 	}
 	attrs := r.Attributes
-	p := Plan{Domain: r.Domain, Check: algo.Check{Cost: r.Cost}}
+	p := Plan{Domain: r.Domain, Check: algo.Check{Cost: r.Cost}, cur: cur}
 	if ra, ok := attrs[RemoteAddress]; ok {
-		p.Client, p.AddressFellBack = identity.Address(ra, attrs[ForwardedFor], e.pol.Identity)
+		p.Client, p.AddressFellBack = identity.Address(ra, attrs[ForwardedFor], pol.Identity)
 		if p.AddressFellBack && e.hooks.IdentityFallback != nil {
 			e.hooks.IdentityFallback()
 		}
@@ -301,8 +341,8 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 			attrs[RemoteAddress] = p.Client
 		}
 	}
-	matches := e.pol.Match(attrs)
-	p.KeyRequired = e.pol.KeyRequired(attrs, matches)
+	matches := pol.Match(attrs)
+	p.KeyRequired = pol.KeyRequired(attrs, matches)
 	for _, mt := range matches {
 		for i, mr := range mt.Meters {
 			p.Check.Keys = append(p.Check.Keys, mt.Keys[i])
@@ -327,6 +367,9 @@ func (e *Engine) Check(ctx context.Context, r Request) (Verdict, error) {
 // Decide decides a plan: from the deny cache when it knows a key is denied, else in
 // the store, else (the store failed) by the policy's failure mode.
 func (e *Engine) Decide(ctx context.Context, p Plan) Verdict {
+	if p.cur == nil {
+		p.cur = e.cur.Load()
+	}
 	start := e.clock()
 	v := e.decide(ctx, p, start)
 	if e.hooks.Decided != nil {
@@ -343,7 +386,7 @@ func (e *Engine) decide(ctx context.Context, p Plan, start time.Time) Verdict {
 	if v, ok := e.fromDenyCache(p, now); ok {
 		return v
 	}
-	out, err := e.decideInStore(ctx, p.Check)
+	out, err := e.decideInStore(ctx, p.cur.pol, p.Check)
 	if err != nil {
 		return e.failureMode(ctx, p, now, err)
 	}
@@ -354,7 +397,7 @@ func (e *Engine) decide(ctx context.Context, p Plan, start time.Time) Verdict {
 // decideInStore runs the check in the store, within the policy's timeout and behind
 // the circuit breaker (the store's, per node, or the engine's own). A call a breaker
 // turns away is no store round trip: StoreCall does not see it.
-func (e *Engine) decideInStore(ctx context.Context, c algo.Check) (algo.Outcome, error) {
+func (e *Engine) decideInStore(ctx context.Context, pol *policy.Policy, c algo.Check) (algo.Outcome, error) {
 	if e.store == nil {
 		return e.local.Decide(ctx, c)
 	}
@@ -369,7 +412,7 @@ func (e *Engine) decideInStore(ctx context.Context, c algo.Check) (algo.Outcome,
 	// The store call ends at the policy's timeout, or at the caller's deadline if that
 	// comes first. It does not end when the caller goes away: a charge that completes
 	// for a caller that has left does no harm, and one cut short may have run anyway.
-	deadline := t0.Add(e.pol.Failure.Timeout)
+	deadline := t0.Add(pol.Failure.Timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
@@ -385,7 +428,8 @@ func (e *Engine) decideInStore(ctx context.Context, c algo.Check) (algo.Outcome,
 
 // failureMode decides a request whose store decision failed.
 func (e *Engine) failureMode(ctx context.Context, p Plan, now int64, cause error) Verdict {
-	mode := e.pol.Failure.Mode
+	pol := p.cur.pol
+	mode := pol.Failure.Mode
 	if !errors.Is(cause, breaker.ErrOpen) {
 		e.log.Warn("store decision failed; applying the failure mode", "mode", string(mode), "err", cause)
 	}
@@ -402,7 +446,7 @@ func (e *Engine) failureMode(ctx context.Context, p Plan, now int64, cause error
 		local.Check.Now = now
 		local.Check.Meters = make([]algo.Meter, len(p.Check.Meters))
 		for i, mt := range p.Check.Meters {
-			local.Check.Meters[i] = policy.Scale(mt, e.pol.Failure.ExpectedInstances)
+			local.Check.Meters[i] = policy.Scale(mt, pol.Failure.ExpectedInstances)
 		}
 		out, err := e.local.Decide(ctx, local.Check)
 		if err != nil {
@@ -468,7 +512,7 @@ func (e *Engine) Peek(ctx context.Context, domain string, attrs map[string]strin
 	if len(p.Check.Meters) == 0 {
 		return Verdict{Allowed: true}, nil, nil
 	}
-	out, err := e.decideInStore(ctx, p.Check)
+	out, err := e.decideInStore(ctx, p.cur.pol, p.Check)
 	if err != nil {
 		return Verdict{}, nil, fmt.Errorf("engine: peek: %w", err)
 	}
@@ -487,8 +531,8 @@ func (e *Engine) Keys(domain string, attrs map[string]string) ([]string, []algo.
 // Forget drops keys from the deny cache and the in-process store (after an admin
 // reset).
 func (e *Engine) Forget(keys []string) {
-	if e.deny != nil {
-		e.deny.forget(keys)
+	if deny := e.cur.Load().deny; deny != nil {
+		deny.forget(keys)
 	}
 	e.local.Reset(keys...)
 }
