@@ -28,13 +28,19 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/policy"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
+	"github.com/tollgate-dev/tollgate/shared/reload"
 )
 
 // config is the service's configuration, from flags and the environment.
 type config struct {
-	Listen       string // TOLLGATE_LISTEN / --listen, default 127.0.0.1:8080
-	PolicyPath   string // TOLLGATE_POLICY / --policy, default lambda/policy.yaml (policy.yaml next to the binary on Lambda)
-	PolicyJSON   string // TOLLGATE_POLICY_JSON: an inline policy, instead of the file
+	Listen     string // TOLLGATE_LISTEN / --listen, default 127.0.0.1:8080
+	PolicyPath string // TOLLGATE_POLICY / --policy, default lambda/policy.yaml (policy.yaml next to the binary on Lambda)
+	PolicyJSON string // TOLLGATE_POLICY_JSON: an inline policy, instead of the file
+	PolicySSM  string // TOLLGATE_POLICY_SSM: an SSM parameter holding the policy, instead of the file
+	// PolicyPoll is how often the policy's source is read for a change
+	// (TOLLGATE_POLICY_POLL / --policy-poll, default 2s; 0: only on SIGHUP). On
+	// Lambda the source is read at most this often, before a request.
+	PolicyPoll   time.Duration
 	RedisURL     string // REDIS_URL; empty: embedded miniredis
 	RedisCluster bool   // REDIS_CLUSTER=true
 	AdminToken   string // TOLLGATE_ADMIN_TOKEN: enables /v1/state and /v1/reset
@@ -92,6 +98,8 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 		Listen:     or(getenv("TOLLGATE_LISTEN"), "127.0.0.1:8080"),
 		PolicyPath: getenv("TOLLGATE_POLICY"),
 		PolicyJSON: getenv("TOLLGATE_POLICY_JSON"),
+		PolicySSM:  getenv("TOLLGATE_POLICY_SSM"),
+		PolicyPoll: 2 * time.Second,
 		RedisURL:   getenv("REDIS_URL"),
 		AdminToken: getenv("TOLLGATE_ADMIN_TOKEN"),
 		OnLambda:   getenv("AWS_LAMBDA_RUNTIME_API") != "",
@@ -100,6 +108,13 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	}
 	if err := c.Server.fromEnv(getenv); err != nil {
 		return c, err
+	}
+	if v := getenv("TOLLGATE_POLICY_POLL"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return c, fmt.Errorf("TOLLGATE_POLICY_POLL=%q: want a duration such as 2s, or 0 to reload only on SIGHUP", v)
+		}
+		c.PolicyPoll = d
 	}
 	if v := getenv("TOLLGATE_BATCH"); v != "" {
 		b, err := strconv.ParseBool(v)
@@ -126,6 +141,7 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	fs := flag.NewFlagSet("limiter", flag.ContinueOnError)
 	fs.StringVar(&c.Listen, "listen", c.Listen, "address to listen on (env TOLLGATE_LISTEN)")
 	fs.StringVar(&c.PolicyPath, "policy", c.PolicyPath, "policy file, YAML or JSON (env TOLLGATE_POLICY)")
+	fs.DurationVar(&c.PolicyPoll, "policy-poll", c.PolicyPoll, "how often to read the policy for a change; 0: only on SIGHUP (env TOLLGATE_POLICY_POLL)")
 	c.Server.flags(fs)
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -133,7 +149,10 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	if err := c.Server.validate(); err != nil {
 		return c, err
 	}
-	if c.PolicyPath == "" && c.PolicyJSON == "" {
+	if c.PolicyPoll < 0 {
+		return c, fmt.Errorf("--policy-poll = %v: want 0 or more", c.PolicyPoll)
+	}
+	if c.PolicyPath == "" && c.PolicyJSON == "" && c.PolicySSM == "" {
 		c.PolicyPath = "lambda/policy.yaml"
 		if c.OnLambda {
 			c.PolicyPath = besideExecutable("policy.yaml")
@@ -229,7 +248,8 @@ type service struct {
 	handler http.Handler
 	store   *redisstore.Store
 	mini    *miniredis.Miniredis
-	policy  *policy.Policy
+	eng     *engine.Engine
+	policy  *reload.Reloader
 }
 
 func (s *service) Close() {
@@ -241,26 +261,35 @@ func (s *service) Close() {
 	}
 }
 
-// loadPolicy reads the policy from the inline JSON or the file.
-func loadPolicy(c config) (*policy.Policy, error) {
-	if c.PolicyJSON != "" {
-		p, err := policy.Parse([]byte(c.PolicyJSON))
-		if err != nil {
-			return nil, fmt.Errorf("TOLLGATE_POLICY_JSON: %w", err)
-		}
-		return p, nil
-	}
-	return policy.Load(c.PolicyPath)
-}
-
 // newService loads the policy, connects to Redis (or starts the embedded one), loads
 // the scripts and builds the handler.
 func newService(ctx context.Context, c config, log *slog.Logger) (*service, error) {
-	p, err := loadPolicy(c)
+	src, err := reload.Where{Path: c.PolicyPath, JSON: c.PolicyJSON, SSM: c.PolicySSM}.Source(ctx)
 	if err != nil {
 		return nil, err
 	}
-	s := &service{policy: p}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := decision.NewMetrics(reg)
+	s := &service{}
+	rl, p, err := reload.Load(ctx, reload.Config{
+		Source: src,
+		Apply: func(p *policy.Policy) error {
+			if !c.OnLambda {
+				if err := c.Server.fitsPolicy(p.Failure.Timeout); err != nil {
+					return err
+				}
+			}
+			return s.eng.SetPolicy(p)
+		},
+		Logger:   log,
+		Reloaded: metrics.PolicyReloaded,
+		Running:  metrics.PolicyRunning,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.policy = rl
 	url := c.RedisURL
 	if url == "" {
 		s.mini = miniredis.NewMiniRedis()
@@ -275,9 +304,6 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		return nil, err
 	}
 	s.store = store
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := decision.NewMetrics(reg)
 	var decider engine.Store = store
 	if c.Batch {
 		b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{})
@@ -287,12 +313,12 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		}
 		decider = b
 	}
-	eng, err := engine.New(engine.Config{Policy: p, Store: decider, Logger: log, Hooks: metrics.Hooks()})
+	s.eng, err = engine.New(engine.Config{Policy: p, Store: decider, Logger: log, Hooks: metrics.Hooks()})
 	if err != nil {
 		s.Close()
 		return nil, err
 	}
-	s.handler = decision.NewHandler(eng, decision.Options{
+	s.handler = decision.NewHandler(s.eng, decision.Options{
 		AdminToken: c.AdminToken,
 		Admin:      store,
 		Registry:   reg,
@@ -301,15 +327,28 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 	return s, nil
 }
 
+// refreshing reads the policy's source before a request when it was last read at
+// least every ago: on Lambda, where nothing runs between invocations to poll it.
+func refreshing(h http.Handler, rl *reload.Reloader, every time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rl.Refresh(r.Context(), every)
+		h.ServeHTTP(w, r)
+	})
+}
+
 func main() {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	if err := run(os.Getenv, os.Args[1:], log); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	err := run(ctx, os.Getenv, os.Args[1:], log)
+	stop()
+	if err != nil {
 		log.Error("limiter stopped", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(getenv func(string) string, args []string, log *slog.Logger) error {
+// run serves until ctx is done (SIGTERM or an interrupt, in main).
+func run(ctx context.Context, getenv func(string) string, args []string, log *slog.Logger) error {
 	c, err := loadConfig(getenv, args)
 	if err != nil {
 		return err
@@ -319,25 +358,28 @@ func run(getenv func(string) string, args []string, log *slog.Logger) error {
 	} else {
 		log.Info("using Redis", "url", redisstore.Redact(c.RedisURL), "cluster", c.RedisCluster)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
 	s, err := newService(ctx, c, log)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	log.Info("policy loaded", "domain", s.policy.Domain, "rules", len(s.policy.Rules), "failure_mode", string(s.policy.Failure.Mode))
+	p := s.eng.Policy()
+	log.Info("policy loaded", "domain", p.Domain, "rules", len(p.Rules), "failure_mode", string(p.Failure.Mode), "sha256", s.policy.SHA256())
 	if c.OnLambda {
-		lambdaurl.Start(s.handler)
+		lambdaurl.Start(refreshing(s.handler, s.policy, c.PolicyPoll))
 		return nil
 	}
-	if err := c.Server.fitsPolicy(s.policy.Failure.Timeout); err != nil {
+	if err := c.Server.fitsPolicy(p.Failure.Timeout); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", c.Listen)
 	if err != nil {
 		return err
 	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go s.policy.Watch(ctx, c.PolicyPoll, hup)
 	return serve(ctx, ln, s.handler, c.Server, log)
 }
 

@@ -45,6 +45,11 @@ func TestLoadConfig(t *testing.T) {
 		{"zero grace", nil, []string{"--shutdown-grace", "0s"}, config{}, "--shutdown-grace"},
 		{"no connections", nil, []string{"--max-conns", "0"}, config{}, "--max-conns (TOLLGATE_MAX_CONNS) = 0: want at least 1"},
 		{"unparsable flag", nil, []string{"--read-timeout", "soon"}, config{}, "read-timeout"},
+		{"policy in SSM, polled every minute", map[string]string{"TOLLGATE_POLICY_SSM": "/tollgate/policy", "TOLLGATE_POLICY_POLL": "1m"}, nil,
+			config{Listen: "127.0.0.1:8080", PolicySSM: "/tollgate/policy", PolicyPoll: time.Minute, Batch: true}, ""},
+		{"policy poll flag", nil, []string{"--policy-poll", "500ms"}, config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml", PolicyPoll: 500 * time.Millisecond, Batch: true}, ""},
+		{"bad policy poll", map[string]string{"TOLLGATE_POLICY_POLL": "often"}, nil, config{}, "TOLLGATE_POLICY_POLL"},
+		{"negative policy poll flag", nil, []string{"--policy-poll", "-1s"}, config{}, "--policy-poll"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -58,6 +63,9 @@ func TestLoadConfig(t *testing.T) {
 			if tc.want.Server == (serverLimits{}) {
 				tc.want.Server = defaultServerLimits
 			}
+			if tc.want.PolicyPoll == 0 {
+				tc.want.PolicyPoll = 2 * time.Second
+			}
 			if err != nil || got != tc.want {
 				t.Errorf("loadConfig() = %+v, %v, want %+v", got, err, tc.want)
 			}
@@ -68,7 +76,7 @@ func TestLoadConfig(t *testing.T) {
 func TestRefusesInvalidPolicy(t *testing.T) {
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
 	os.WriteFile(bad, []byte("domain: x\nrules:\n  - name: a\n    limits: [{algorithm: gcra, rate: 10/x}]\n"), 0o600)
-	err := run(env(map[string]string{"TOLLGATE_POLICY": bad, "TOLLGATE_LISTEN": "127.0.0.1:0"}), nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	err := run(context.Background(), env(map[string]string{"TOLLGATE_POLICY": bad, "TOLLGATE_LISTEN": "127.0.0.1:0"}), nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err == nil || !strings.Contains(err.Error(), `rules[0].limits[0].rate: "10/x"`) {
 		t.Fatalf("run() with an invalid policy = %v, want an error naming rules[0].limits[0].rate", err)
 	}

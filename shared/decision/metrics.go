@@ -19,6 +19,8 @@ type Metrics struct {
 	breaker      *prometheus.GaugeVec
 	denyHits     prometheus.Counter
 	fallbacks    prometheus.Counter
+	reloads      *prometheus.CounterVec
+	policyInfo   *prometheus.GaugeVec
 }
 
 // NewMetrics registers the metrics on reg.
@@ -50,9 +52,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		fallbacks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tollgate_identity_fallbacks_total", Help: "Requests whose X-Forwarded-For entry at the trusted position was missing, blank or not an address, so remote_address was used.",
 		}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_policy_reloads_total", Help: "Policy reloads by result: applied, unchanged, invalid (refused; the running policy stays) or error (the source could not be read).",
+		}, []string{"result"}),
+		policyInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tollgate_policy_info", Help: "1 for the running policy, labelled with the SHA-256 of its document.",
+		}, []string{"sha256"}),
 	}
-	reg.MustRegister(m.decisions, m.latency, m.redis, m.redisErrors, m.failureModes, m.breaker, m.denyHits, m.fallbacks)
+	reg.MustRegister(m.decisions, m.latency, m.redis, m.redisErrors, m.failureModes, m.breaker, m.denyHits, m.fallbacks, m.reloads, m.policyInfo)
 	return m
+}
+
+// PolicyReloaded counts a policy reload by its result (reload.Applied, …).
+func (m *Metrics) PolicyReloaded(result string) { m.reloads.WithLabelValues(result).Inc() }
+
+// PolicyRunning makes the policy whose document has the SHA-256 sum the one
+// tollgate_policy_info shows.
+func (m *Metrics) PolicyRunning(sum string) {
+	m.policyInfo.Reset()
+	m.policyInfo.WithLabelValues(sum).Set(1)
 }
 
 // setBreaker sets node's breaker state, or with "" deletes its series. A node's
