@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,6 +15,8 @@ import (
 
 // Defaults of the configuration.
 const (
+	// DefaultPolicyTTL is how long a policy is used before its source is read again.
+	DefaultPolicyTTL = 30 * time.Second
 	// DefaultPolicyFile is the policy packaged next to the bootstrap binary.
 	DefaultPolicyFile = "policy.yaml"
 	// DefaultPoolSize is the Redis connections per node. A Lambda execution
@@ -53,6 +56,12 @@ type config struct {
 	// PolicyJSON (TOLLGATE_POLICY_JSON) is an inline policy; it excludes
 	// TOLLGATE_POLICY.
 	PolicyJSON string
+	// PolicySSM (TOLLGATE_POLICY_SSM) names an SSM Parameter Store parameter that
+	// holds the policy; it excludes the other two.
+	PolicySSM string
+	// PolicyTTL (TOLLGATE_POLICY_TTL, default 30s, 0 never) is how long a policy
+	// is used before its source is read again, before an invocation.
+	PolicyTTL time.Duration
 	// UsageIdentifierKey (TOLLGATE_USAGE_IDENTIFIER_KEY=true) returns the API key
 	// or token as usageIdentifierKey, for usage plans with the AUTHORIZER key source.
 	UsageIdentifierKey bool
@@ -77,6 +86,8 @@ func loadConfig(getenv func(string) string, exeDir string) (config, error) {
 		ConnMaxLifetime: DefaultConnMaxLifetime,
 		PolicyPath:      strings.TrimSpace(getenv("TOLLGATE_POLICY")),
 		PolicyJSON:      strings.TrimSpace(getenv("TOLLGATE_POLICY_JSON")),
+		PolicySSM:       strings.TrimSpace(getenv("TOLLGATE_POLICY_SSM")),
+		PolicyTTL:       DefaultPolicyTTL,
 		Metrics:         true,
 		Function:        strings.TrimSpace(getenv("AWS_LAMBDA_FUNCTION_NAME")),
 		LambdaLogLevel:  strings.TrimSpace(getenv("AWS_LAMBDA_LOG_LEVEL")),
@@ -121,11 +132,29 @@ func loadConfig(getenv func(string) string, exeDir string) (config, error) {
 	if c.Auth.Mode() != awsredis.ModeNone && c.RedisURL == "" {
 		errs = append(errs, fmt.Errorf("REDIS_URL is empty but %s authentication is configured: set REDIS_URL to the cache endpoint (rediss://HOST:6379)", c.Auth.Mode()))
 	}
-	switch {
-	case c.PolicyPath != "" && c.PolicyJSON != "":
-		errs = append(errs, errors.New("TOLLGATE_POLICY and TOLLGATE_POLICY_JSON are both set: set one"))
-	case c.PolicyPath == "" && c.PolicyJSON == "":
+	if s := strings.TrimSpace(getenv("TOLLGATE_POLICY_TTL")); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d < 0 {
+			errs = append(errs, fmt.Errorf("TOLLGATE_POLICY_TTL=%q: want a duration such as 30s, or 0 to read the policy once", s))
+		} else {
+			c.PolicyTTL = d
+		}
+	}
+	var set []string
+	for name, v := range map[string]string{"TOLLGATE_POLICY": c.PolicyPath, "TOLLGATE_POLICY_JSON": c.PolicyJSON, "TOLLGATE_POLICY_SSM": c.PolicySSM} {
+		if v != "" {
+			set = append(set, name)
+		}
+	}
+	slices.Sort(set)
+	switch len(set) {
+	case 0:
 		c.PolicyPath = filepath.Join(exeDir, DefaultPolicyFile)
+	case 1:
+	case 2:
+		errs = append(errs, fmt.Errorf("%s and %s are both set: set one", set[0], set[1]))
+	default:
+		errs = append(errs, errors.New("TOLLGATE_POLICY, TOLLGATE_POLICY_JSON and TOLLGATE_POLICY_SSM are all set: set one"))
 	}
 	if c.Function == "" {
 		c.Function = DefaultFunction

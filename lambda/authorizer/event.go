@@ -89,6 +89,7 @@ type probe struct {
 
 // extractor turns events into requests for one policy.
 type extractor struct {
+	pol *policy.Policy // the policy it extracts for
 	// forwarded reports that the policy trusts proxies, so the engine needs
 	// X-Forwarded-For to identify the client.
 	forwarded bool
@@ -96,8 +97,8 @@ type extractor struct {
 	headers map[string]bool
 }
 
-func newExtractor(p *policy.Policy) extractor {
-	x := extractor{forwarded: p.Identity.TrustedProxies > 0, headers: map[string]bool{}}
+func newExtractor(p *policy.Policy) *extractor {
+	x := &extractor{pol: p, forwarded: p.Identity.TrustedProxies > 0, headers: map[string]bool{}}
 	for _, a := range p.Attributes() {
 		if !builtin[a] {
 			x.headers[a] = true

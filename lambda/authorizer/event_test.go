@@ -210,7 +210,7 @@ func FuzzHandle(f *testing.F) {
 		f.Fatalf("NewHandler() error = %v", err)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if r, err := h.x.decode(data); err == nil {
+		if r, err := h.x.Load().decode(data); err == nil {
 			if r.arn == "" || r.principal == "" {
 				t.Fatalf("decode(%q) = %+v: empty ARN or principal", data, r)
 			}

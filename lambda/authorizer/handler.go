@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -14,6 +15,7 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/emf"
 	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/reload"
 )
 
 // ErrUnauthorized is the error API Gateway turns into 401 Unauthorized: its message
@@ -46,8 +48,9 @@ const (
 // Handler answers API Gateway authorizer events. It is safe for simultaneous use.
 type Handler struct {
 	eng      *engine.Engine
-	domain   string
-	x        extractor
+	x        atomic.Pointer[extractor] // for the engine's current policy
+	policy   *reload.Reloader
+	ttl      time.Duration
 	usageKey bool
 	metrics  *metrics
 	log      *slog.Logger
@@ -67,6 +70,11 @@ type HandlerConfig struct {
 	Function string
 	// Logger receives the logs (default slog.Default()).
 	Logger *slog.Logger
+	// Policy, if set, is read again before an invocation once PolicyTTL has passed
+	// since it was last read (TOLLGATE_POLICY_TTL): a Lambda function is frozen between
+	// invocations, so nothing can poll it in the background.
+	Policy    *reload.Reloader
+	PolicyTTL time.Duration
 }
 
 // NewHandler returns a handler for cfg.
@@ -77,11 +85,12 @@ func NewHandler(cfg HandlerConfig) (*Handler, error) {
 	p := cfg.Engine.Policy()
 	h := &Handler{
 		eng:      cfg.Engine,
-		domain:   p.Domain,
-		x:        newExtractor(p),
+		policy:   cfg.Policy,
+		ttl:      cfg.PolicyTTL,
 		usageKey: cfg.UsageIdentifierKey,
 		log:      cfg.Logger,
 	}
+	h.x.Store(newExtractor(p))
 	if h.log == nil {
 		h.log = slog.Default()
 	}
@@ -103,13 +112,22 @@ func (h *Handler) Handle(ctx context.Context, raw []byte) (any, error) {
 	if lc, ok := lambdacontext.FromContext(ctx); ok {
 		reqID = lc.AwsRequestID
 	}
-	r, err := h.x.decode(raw)
+	if h.policy != nil {
+		h.policy.Refresh(ctx, h.ttl)
+	}
+	pol := h.eng.Policy()
+	x := h.x.Load()
+	if x.pol != pol {
+		x = newExtractor(pol)
+		h.x.Store(x)
+	}
+	r, err := x.decode(raw)
 	if err != nil {
 		h.log.Warn("cannot answer the event", "request_id", reqID, "err", err)
 		h.metrics.record(start, "none", resultBadEvent, false, false)
 		return nil, err
 	}
-	plan, err := h.eng.Plan(engine.Request{Domain: h.domain, Attributes: r.attrs, Cost: 1})
+	plan, err := h.eng.Plan(engine.Request{Domain: pol.Domain, Attributes: r.attrs, Cost: 1})
 	if err != nil {
 		h.log.Error("decision failed", "request_id", reqID, "event", r.shape.String(), "err", err)
 		h.metrics.record(start, "none", resultError, false, false)
@@ -227,7 +245,7 @@ func decisionContext(v engine.Verdict) map[string]any {
 
 // metrics writes one EMF line per invocation: Decisions by Function, Rule and
 // Result; DecisionLatency, FailureModeActivations and IdentityFallbacks (an
-// X-Forwarded-For whose trusted entry was unusable, see policy.TrustedHop) by
+// X-Forwarded-For whose trusted entry was unusable, see identity.Address) by
 // Function.
 type metrics struct {
 	emf      *emf.Logger

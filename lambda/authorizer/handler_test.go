@@ -56,7 +56,7 @@ type testApp struct {
 // another) the way main does, logging at DEBUG.
 func newTestApp(t *testing.T, env map[string]string) *testApp {
 	t.Helper()
-	if env["TOLLGATE_POLICY"] == "" && env["TOLLGATE_POLICY_JSON"] == "" {
+	if env["TOLLGATE_POLICY"] == "" && env["TOLLGATE_POLICY_JSON"] == "" && env["TOLLGATE_POLICY_SSM"] == "" {
 		env["TOLLGATE_POLICY"] = testPolicy
 	}
 	ta := &testApp{metrics: &syncBuffer{}, logs: &syncBuffer{}}

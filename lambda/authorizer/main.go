@@ -75,6 +75,7 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/policy"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
+	"github.com/tollgate-dev/tollgate/shared/reload"
 )
 
 // MetricsNamespace is the CloudWatch namespace of the metrics.
@@ -165,9 +166,18 @@ func start(ctx context.Context, getenv func(string) string, exeDir string, stdou
 }
 
 func build(ctx context.Context, cfg config, stdout io.Writer, log *slog.Logger) (*app, error) {
-	p, err := loadPolicy(cfg)
+	src, err := reload.Where{Path: cfg.PolicyPath, JSON: cfg.PolicyJSON, SSM: cfg.PolicySSM}.Source(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("authorizer: %w", err)
+	}
+	var eng *engine.Engine
+	rl, p, err := reload.Load(ctx, reload.Config{
+		Source: src,
+		Apply:  func(p *policy.Policy) error { return eng.SetPolicy(p) },
+		Logger: log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("authorizer: %w", err)
 	}
 	a := &app{log: log}
 	var store engine.Store // stays a nil interface without Redis
@@ -180,12 +190,15 @@ func build(ctx context.Context, cfg config, stdout io.Writer, log *slog.Logger) 
 		}
 		a.store, store = st, st
 	}
-	eng, err := engine.New(engine.Config{Policy: p, Store: store, Logger: log})
+	eng, err = engine.New(engine.Config{Policy: p, Store: store, Logger: log})
 	if err != nil {
 		a.close()
 		return nil, fmt.Errorf("authorizer: %w", err)
 	}
 	hc := HandlerConfig{Engine: eng, UsageIdentifierKey: cfg.UsageIdentifierKey, Function: cfg.Function, Logger: log}
+	if _, inline := src.(reload.Inline); !inline && cfg.PolicyTTL > 0 {
+		hc.Policy, hc.PolicyTTL = rl, cfg.PolicyTTL
+	}
 	if cfg.Metrics {
 		m, err := emf.New(stdout, MetricsNamespace, cfg.LambdaLogLevel)
 		if err != nil {
@@ -202,22 +215,6 @@ func build(ctx context.Context, cfg config, stdout io.Writer, log *slog.Logger) 
 	log.Info("ready", "domain", p.Domain, "rules", len(p.Rules), "failure_mode", string(p.Failure.Mode),
 		"redis", redisstore.Redact(cfg.RedisURL), "redis_auth", string(cfg.Auth.Mode()))
 	return a, nil
-}
-
-// loadPolicy reads the inline policy or the policy file.
-func loadPolicy(cfg config) (*policy.Policy, error) {
-	if cfg.PolicyJSON != "" {
-		p, err := policy.Parse([]byte(cfg.PolicyJSON))
-		if err != nil {
-			return nil, fmt.Errorf("authorizer: TOLLGATE_POLICY_JSON: %w", err)
-		}
-		return p, nil
-	}
-	p, err := policy.Load(cfg.PolicyPath)
-	if err != nil {
-		return nil, fmt.Errorf("authorizer: TOLLGATE_POLICY: %w", err)
-	}
-	return p, nil
 }
 
 // openStore builds the Redis client once (see awsredis.OpenStore), with command
