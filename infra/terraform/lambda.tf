@@ -26,6 +26,8 @@ locals {
     "REDIS_IAM_SERVERLESS",
     "TOLLGATE_POLICY",
     "TOLLGATE_POLICY_JSON",
+    "TOLLGATE_POLICY_SSM",
+    "TOLLGATE_POLICY_POLL",
   ]
 }
 
@@ -83,6 +85,14 @@ locals {
           Resource = ["*"]
         },
       ],
+      var.policy_parameter != null ? [
+        {
+          Sid      = "ReadPolicyParameter"
+          Effect   = "Allow"
+          Action   = ["ssm:GetParameter"]
+          Resource = [aws_ssm_parameter.policy[0].arn]
+        },
+      ] : [],
       local.token_auth ? [
         {
           Sid      = "ReadCacheAuthToken"
@@ -192,4 +202,18 @@ resource "aws_lambda_permission" "limiter_function_url_public" {
   function_name          = aws_lambda_function.this["limiter"].function_name
   principal              = "*"
   function_url_auth_type = "NONE"
+}
+
+# The policy, when var.policy_parameter gives it: the functions read it at start and
+# again at most every var.policy_refresh_seconds.
+resource "aws_ssm_parameter" "policy" {
+  count = var.policy_parameter != null ? 1 : 0
+
+  name        = "/${var.name}/policy"
+  description = "tollgate policy, read by ${var.name}-authorizer and ${var.name}-limiter"
+  type        = "String"
+  tier        = length(var.policy_parameter) > 4096 ? "Advanced" : "Standard"
+  value       = var.policy_parameter
+
+  tags = local.tags
 }

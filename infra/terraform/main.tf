@@ -47,6 +47,10 @@ locals {
     local.iam_auth && local.serverless ? { REDIS_IAM_SERVERLESS = "true" } : {},
     var.policy_file != null ? { TOLLGATE_POLICY = var.policy_file } : {},
     var.policy_json != null ? { TOLLGATE_POLICY_JSON = var.policy_json } : {},
+    var.policy_parameter != null ? {
+      TOLLGATE_POLICY_SSM  = aws_ssm_parameter.policy[0].name
+      TOLLGATE_POLICY_POLL = "${var.policy_refresh_seconds}s"
+    } : {},
   )
 
   functions = {

@@ -424,8 +424,35 @@ variable "policy_json" {
   }
 }
 
+variable "policy_parameter" {
+  description = "A policy document (YAML or JSON, e.g. file(\"policy.yaml\")) to keep in an SSM Parameter Store parameter the module creates, /<name>/policy. Both functions read it (TOLLGATE_POLICY_SSM) and read it again at most every policy_refresh_seconds, so changing the parameter changes the limits without a deploy; an invalid value is refused and logged, and the running policy stays. Up to 4 KB it is a Standard parameter, up to 8 KB an Advanced one. Excludes policy_file and policy_json."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.policy_parameter == null || try(length(trimspace(var.policy_parameter)) > 0 && length(var.policy_parameter) <= 8192, false)
+    error_message = "The policy_parameter must be null or a non-empty document of at most 8192 bytes (an Advanced SSM parameter's limit); package a larger policy with the functions and use policy_file."
+  }
+
+  validation {
+    condition     = var.policy_parameter == null || (var.policy_file == null && var.policy_json == null)
+    error_message = "Set one of policy_file, policy_json and policy_parameter: the functions refuse more than one policy source."
+  }
+}
+
+variable "policy_refresh_seconds" {
+  description = "How often, at most, each function reads the policy parameter again (TOLLGATE_POLICY_POLL), before an invocation. Each read is one ssm:GetParameter call per warm execution environment; SSM's default throughput is 40 calls per second per account and Region."
+  type        = number
+  default     = 30
+
+  validation {
+    condition     = try(var.policy_refresh_seconds >= 1 && var.policy_refresh_seconds <= 86400 && floor(var.policy_refresh_seconds) == var.policy_refresh_seconds, false)
+    error_message = "The policy_refresh_seconds must be a whole number from 1 to 86400."
+  }
+}
+
 variable "environment_variables" {
-  description = "Extra environment variables for both functions. Names Lambda reserves (_HANDLER, _X_AMZN_TRACE_ID, AWS_REGION, AWS_DEFAULT_REGION, AWS_EXECUTION_ENV, the credential variables, AWS_LAMBDA_*, LAMBDA_*) and those the module sets (REDIS_URL, REDIS_CLUSTER, REDIS_AUTH_SECRET_ARN, REDIS_IAM_USER, REDIS_CACHE_NAME, REDIS_IAM_SERVERLESS, TOLLGATE_POLICY, TOLLGATE_POLICY_JSON) are rejected. Useful ones: REDIS_POOL_SIZE, REDIS_CONN_MAX_LIFETIME, TOLLGATE_METRICS."
+  description = "Extra environment variables for both functions. Names Lambda reserves (_HANDLER, _X_AMZN_TRACE_ID, AWS_REGION, AWS_DEFAULT_REGION, AWS_EXECUTION_ENV, the credential variables, AWS_LAMBDA_*, LAMBDA_*) and those the module sets (REDIS_URL, REDIS_CLUSTER, REDIS_AUTH_SECRET_ARN, REDIS_IAM_USER, REDIS_CACHE_NAME, REDIS_IAM_SERVERLESS, TOLLGATE_POLICY, TOLLGATE_POLICY_JSON, TOLLGATE_POLICY_SSM, TOLLGATE_POLICY_POLL) are rejected. Useful ones: REDIS_POOL_SIZE, REDIS_CONN_MAX_LIFETIME, TOLLGATE_METRICS."
   type        = map(string)
   default     = {}
 
@@ -440,7 +467,7 @@ variable "environment_variables" {
 
   validation {
     condition     = length(setintersection(keys(var.environment_variables), local.module_environment_names)) == 0
-    error_message = "The environment_variables must not set ${join(", ", sort(setintersection(keys(var.environment_variables), local.module_environment_names)))}: the module sets these names itself and would override the entries (the REDIS_* wiring comes from the cache and auth_mode, TOLLGATE_POLICY from policy_file, TOLLGATE_POLICY_JSON from policy_json)."
+    error_message = "The environment_variables must not set ${join(", ", sort(setintersection(keys(var.environment_variables), local.module_environment_names)))}: the module sets these names itself and would override the entries (the REDIS_* wiring comes from the cache and auth_mode, TOLLGATE_POLICY from policy_file, TOLLGATE_POLICY_JSON from policy_json, TOLLGATE_POLICY_SSM and TOLLGATE_POLICY_POLL from policy_parameter)."
   }
 }
 

@@ -59,7 +59,7 @@ type config struct {
 	// PolicySSM (TOLLGATE_POLICY_SSM) names an SSM Parameter Store parameter that
 	// holds the policy; it excludes the other two.
 	PolicySSM string
-	// PolicyTTL (TOLLGATE_POLICY_TTL, default 30s, 0 never) is how long a policy
+	// PolicyTTL (TOLLGATE_POLICY_POLL, default 30s, 0 never) is how long a policy
 	// is used before its source is read again, before an invocation.
 	PolicyTTL time.Duration
 	// UsageIdentifierKey (TOLLGATE_USAGE_IDENTIFIER_KEY=true) returns the API key
@@ -132,10 +132,10 @@ func loadConfig(getenv func(string) string, exeDir string) (config, error) {
 	if c.Auth.Mode() != awsredis.ModeNone && c.RedisURL == "" {
 		errs = append(errs, fmt.Errorf("REDIS_URL is empty but %s authentication is configured: set REDIS_URL to the cache endpoint (rediss://HOST:6379)", c.Auth.Mode()))
 	}
-	if s := strings.TrimSpace(getenv("TOLLGATE_POLICY_TTL")); s != "" {
+	if s := strings.TrimSpace(getenv("TOLLGATE_POLICY_POLL")); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil || d < 0 {
-			errs = append(errs, fmt.Errorf("TOLLGATE_POLICY_TTL=%q: want a duration such as 30s, or 0 to read the policy once", s))
+			errs = append(errs, fmt.Errorf("TOLLGATE_POLICY_POLL=%q: want a duration such as 30s, or 0 to read the policy once", s))
 		} else {
 			c.PolicyTTL = d
 		}

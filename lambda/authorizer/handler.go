@@ -71,7 +71,7 @@ type HandlerConfig struct {
 	// Logger receives the logs (default slog.Default()).
 	Logger *slog.Logger
 	// Policy, if set, is read again before an invocation once PolicyTTL has passed
-	// since it was last read (TOLLGATE_POLICY_TTL): a Lambda function is frozen between
+	// since it was last read (TOLLGATE_POLICY_POLL): a Lambda function is frozen between
 	// invocations, so nothing can poll it in the background.
 	Policy    *reload.Reloader
 	PolicyTTL time.Duration

@@ -46,7 +46,7 @@ func TestPolicyFromSSM(t *testing.T) {
 	value.Store(policyAt(1))
 	srv := redistest.StartServer(t)
 	ta := newTestApp(t, map[string]string{
-		"TOLLGATE_POLICY_SSM": "/tollgate/policy", "TOLLGATE_POLICY_TTL": "1ns", "REDIS_URL": "redis://" + srv.Addr,
+		"TOLLGATE_POLICY_SSM": "/tollgate/policy", "TOLLGATE_POLICY_POLL": "1ns", "REDIS_URL": "redis://" + srv.Addr,
 	})
 	event := readEvent(t, "http-api-v2-authorizer.json")
 	allowed := func() bool {

@@ -137,3 +137,63 @@ run "public_function_url_with_opt_in" {
     error_message = "A public Function URL needs the resource policy that lets anyone invoke it."
   }
 }
+
+run "policy_in_an_ssm_parameter" {
+  command = plan
+
+  variables {
+    policy_parameter       = "domain: public-api\nrules: []\n"
+    policy_refresh_seconds = 60
+  }
+
+  assert {
+    condition = (
+      aws_ssm_parameter.policy[0].name == "/tollgate/policy" &&
+      aws_ssm_parameter.policy[0].type == "String" &&
+      aws_ssm_parameter.policy[0].tier == "Standard" &&
+      aws_ssm_parameter.policy[0].value == var.policy_parameter
+    )
+    error_message = "policy_parameter must become a Standard String parameter /<name>/policy holding the document."
+  }
+
+  assert {
+    condition = alltrue([
+      for fn in aws_lambda_function.this :
+      fn.environment[0].variables.TOLLGATE_POLICY_SSM == "/tollgate/policy" &&
+      fn.environment[0].variables.TOLLGATE_POLICY_POLL == "60s" &&
+      !contains(keys(fn.environment[0].variables), "TOLLGATE_POLICY") &&
+      !contains(keys(fn.environment[0].variables), "TOLLGATE_POLICY_JSON")
+    ])
+    error_message = "Both functions must read the parameter (TOLLGATE_POLICY_SSM) every policy_refresh_seconds (TOLLGATE_POLICY_POLL), and no other policy source."
+  }
+
+  assert {
+    condition = alltrue([
+      for key, fn in local.functions :
+      length([for st in jsondecode(aws_iam_role_policy.this[key].policy).Statement : st if st.Sid == "ReadPolicyParameter" && st.Action == ["ssm:GetParameter"] && st.Resource == ["arn:aws:ssm:eu-west-1:123456789012:parameter/tollgate/policy"]]) == 1
+    ])
+    error_message = "Each function's role must allow ssm:GetParameter on the policy parameter, and nothing wider."
+  }
+}
+
+run "large_policy_parameter_is_advanced" {
+  command = plan
+
+  variables {
+    policy_parameter = join("", ["domain: d\nrules: []\n", join("", [for i in range(600) : "# padding\n"])])
+  }
+
+  assert {
+    condition     = aws_ssm_parameter.policy[0].tier == "Advanced"
+    error_message = "A policy over 4 KB needs an Advanced parameter."
+  }
+}
+
+run "no_parameter_by_default" {
+  command = plan
+
+  assert {
+    condition     = length(aws_ssm_parameter.policy) == 0 && alltrue([for fn in aws_lambda_function.this : !contains(keys(fn.environment[0].variables), "TOLLGATE_POLICY_SSM")])
+    error_message = "Without policy_parameter the module must create no parameter and set no TOLLGATE_POLICY_SSM."
+  }
+}

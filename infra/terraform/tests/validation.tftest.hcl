@@ -235,3 +235,18 @@ run "rejects_other_metrics_namespace" {
 
   expect_failures = [var.metrics_namespace]
 }
+
+run "rejects_two_policy_sources_and_a_bad_refresh" {
+  command = plan
+
+  variables {
+    policy_file            = "/var/task/policy.yaml"
+    policy_parameter       = "domain: d\nrules: []\n"
+    policy_refresh_seconds = 0
+  }
+
+  expect_failures = [
+    var.policy_parameter,
+    var.policy_refresh_seconds,
+  ]
+}

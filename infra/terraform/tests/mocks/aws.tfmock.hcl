@@ -119,3 +119,9 @@ override_resource {
     arn = "arn:aws:ec2:eu-west-1:123456789012:security-group/sg-0bbbbbbbbbbbbbbbb"
   }
 }
+
+mock_resource "aws_ssm_parameter" {
+  defaults = {
+    arn = "arn:aws:ssm:eu-west-1:123456789012:parameter/tollgate/policy"
+  }
+}
