@@ -337,6 +337,9 @@ func refreshing(h http.Handler, rl *reload.Reloader, every time.Duration) http.H
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "policy" {
+		os.Exit(policyCommand(context.Background(), os.Args[2:], os.Stdout))
+	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	err := run(ctx, os.Getenv, os.Args[1:], log)

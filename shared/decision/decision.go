@@ -423,12 +423,17 @@ func (h *handler) state(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	v, keys, err := h.eng.Peek(r.Context(), req.Domain, req.Attributes)
+	plan, err := h.eng.Plan(req)
 	if err != nil {
 		h.writeEngineError(w, err)
 		return
 	}
-	_, meters, _ := h.eng.Keys(req.Domain, req.Attributes)
+	v, err := h.eng.Peek(r.Context(), plan)
+	if err != nil {
+		h.writeEngineError(w, err)
+		return
+	}
+	keys, meters := plan.Check.Keys, plan.Check.Meters
 	sr := StateResponse{Domain: req.Domain, Check: Response(req.Domain, v), Keys: keys}
 	for i, k := range keys {
 		ls := LimitState{Key: k}

@@ -301,6 +301,9 @@ type Plan struct {
 	// and it carries none (policy.KeyRequired): a front door that authenticates
 	// answers it as unauthenticated rather than decide it.
 	KeyRequired bool
+	// Attributes are the request's attributes as the policy matched them: the
+	// caller's, with remote_address identified. They must not be modified.
+	Attributes map[string]string
 	// Client is the client's address as identity.Address derived it from the
 	// remote_address and x-forwarded-for attributes, or "" when the request has no
 	// remote_address.
@@ -341,6 +344,7 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 			attrs[RemoteAddress] = p.Client
 		}
 	}
+	p.Attributes = attrs
 	matches := pol.Match(attrs)
 	p.KeyRequired = pol.KeyRequired(attrs, matches)
 	for _, mt := range matches {
@@ -502,21 +506,21 @@ func (e *Engine) verdict(p Plan, out algo.Outcome) Verdict {
 	return v
 }
 
-// Peek returns the current decisions for attrs without charging anything, and the
-// store keys it read.
-func (e *Engine) Peek(ctx context.Context, domain string, attrs map[string]string) (Verdict, []string, error) {
-	p, err := e.Plan(Request{Domain: domain, Attributes: attrs})
-	if err != nil {
-		return Verdict{}, nil, err
+// Peek returns the current decisions of a plan's limits without charging anything
+// (whatever the plan's cost), from the store, not the deny cache.
+func (e *Engine) Peek(ctx context.Context, p Plan) (Verdict, error) {
+	if p.cur == nil {
+		p.cur = e.cur.Load()
 	}
 	if len(p.Check.Meters) == 0 {
-		return Verdict{Allowed: true}, nil, nil
+		return Verdict{Allowed: true}, nil
 	}
+	p.Check.Cost = 0
 	out, err := e.decideInStore(ctx, p.cur.pol, p.Check)
 	if err != nil {
-		return Verdict{}, nil, fmt.Errorf("engine: peek: %w", err)
+		return Verdict{}, fmt.Errorf("engine: peek: %w", err)
 	}
-	return e.verdict(p, out), p.Check.Keys, nil
+	return e.verdict(p, out), nil
 }
 
 // Keys returns the store keys and meters a request with attrs touches.

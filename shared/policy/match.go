@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
@@ -54,19 +56,42 @@ func (r *Rule) compile(shardBy string) {
 // the value the rule wants ("*": any value). An attribute named skip is taken as
 // present with the value the rule wants.
 func (r *Rule) applies(attrs map[string]string, skip string) bool {
+	return r.mismatch(attrs, skip) == ""
+}
+
+// mismatch returns the first attribute (in name order) that keeps the rule from
+// applying to attrs, or "" when it applies; skip is as for applies.
+func (r *Rule) mismatch(attrs map[string]string, skip string) string {
 	for _, a := range r.attrs {
 		if a == skip {
 			continue
 		}
 		v, ok := attrs[a]
 		if !ok {
-			return false
+			return a
 		}
 		if want := r.Match[a]; want != "*" && v != want {
-			return false
+			return a
 		}
 	}
-	return true
+	return ""
+}
+
+// WhyNot says why the rule does not apply to a request with attrs ("" when it
+// does): the first attribute it names that the request lacks or has another value of.
+func (r *Rule) WhyNot(attrs map[string]string) string {
+	a := r.mismatch(attrs, "")
+	if a == "" {
+		return ""
+	}
+	want := strconv.Quote(r.Match[a])
+	if r.Match[a] == "*" {
+		want = "any value"
+	}
+	if v, ok := attrs[a]; ok {
+		return fmt.Sprintf("%s is %q; the rule wants %s", a, v, want)
+	}
+	return fmt.Sprintf("no %s; the rule wants %s", a, want)
 }
 
 // Match returns, in rule order, every rule that applies to a request with the given

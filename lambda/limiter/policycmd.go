@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/policy"
+	"github.com/tollgate-dev/tollgate/shared/redisstore"
+)
+
+const policyUsage = `usage:
+  limiter policy check FILE...
+      lists every problem of each policy file; exit status 1 if any has one
+  limiter policy explain [--redis URL] [--cluster] FILE [ATTRIBUTE=VALUE...]
+      shows which rules a request with these attributes matches (and why the others
+      do not), every key with its Redis Cluster slot, and, with --redis, what each
+      limit would answer now, without charging anything
+`
+
+// policyCommand runs `limiter policy ARGS`, writing to out, and returns the exit
+// status: 0, 1 for an invalid policy, 2 for a usage error.
+func policyCommand(ctx context.Context, args []string, out io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(out, policyUsage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "check":
+		if len(args) < 2 {
+			fmt.Fprint(out, policyUsage)
+			return 2
+		}
+		return checkPolicies(args[1:], out)
+	case "explain":
+		err = explain(ctx, args[1:], out)
+	case "help", "-h", "--help":
+		fmt.Fprint(out, policyUsage)
+		return 0
+	default:
+		fmt.Fprintf(out, "unknown policy command %q\n%s", args[0], policyUsage)
+		return 2
+	}
+	var ve *policy.ValidationError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ve):
+		fmt.Fprintln(out, err)
+		return 1
+	}
+	fmt.Fprintf(out, "%v\n", err)
+	return 2
+}
+
+// checkPolicies validates each file and prints its problems, or a summary.
+func checkPolicies(files []string, out io.Writer) int {
+	status := 0
+	for _, f := range files {
+		p, err := policy.Load(f)
+		if err != nil {
+			fmt.Fprintln(out, err)
+			status = 1
+			continue
+		}
+		fmt.Fprintf(out, "%s: ok: domain %q, %d rules, failure mode %s\n", f, p.Domain, len(p.Rules), p.Failure.Mode)
+	}
+	return status
+}
+
+// explain prints what the policy in args' file does with the request args describe.
+func explain(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("policy explain", flag.ContinueOnError)
+	fs.SetOutput(out)
+	url := fs.String("redis", "", "a Redis to read the limits' current state from (never charged)")
+	cluster := fs.Bool("cluster", false, "the Redis is a cluster")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() < 1 {
+		return errors.New("policy explain: name a policy file")
+	}
+	p, err := policy.Load(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	attrs := map[string]string{}
+	for _, kv := range fs.Args()[1:] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("policy explain: %q: want ATTRIBUTE=VALUE, e.g. api_key=k-123 or path=/login", kv)
+		}
+		attrs[k] = v
+	}
+	cfg := engine.Config{Policy: p, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if *url != "" {
+		st, err := redisstore.Open(redisstore.Config{URL: *url, Cluster: *cluster})
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		cfg.Store = st
+	}
+	eng, err := engine.New(cfg)
+	if err != nil {
+		return err
+	}
+	plan, err := eng.Plan(engine.Request{Domain: p.Domain, Attributes: attrs})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "domain %s, request %s\n", p.Domain, formatAttrs(attrs))
+	if plan.Client != "" {
+		fmt.Fprintf(out, "client address: %s", plan.Client)
+		if plan.AddressFellBack {
+			fmt.Fprint(out, " (the trusted X-Forwarded-For entry was unusable)")
+		}
+		fmt.Fprintln(out)
+	}
+	var v engine.Verdict
+	if *url != "" {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		v, err = eng.Peek(pctx, plan)
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
+	i, results := 0, v.Limits
+	for _, r := range p.Rules {
+		if why := r.WhyNot(plan.Attributes); why != "" {
+			fmt.Fprintf(out, "rule %s: does not apply: %s\n", r.Name, why)
+			continue
+		}
+		shadow := ""
+		if r.Shadow {
+			shadow = " (shadow: reported, never denies)"
+		}
+		fmt.Fprintf(out, "rule %s: applies%s\n", r.Name, shadow)
+		for ; i < len(plan.Rules) && plan.Rules[i] == r; i++ {
+			key, m := plan.Check.Keys[i], plan.Check.Meters[i]
+			fmt.Fprintf(out, "  key %s (slot %d)\n", key, algo.Slot(key))
+			for _, l := range m.Limits {
+				fmt.Fprintf(out, "    %s", l)
+				if len(results) > 0 {
+					fmt.Fprintf(out, ": %s", formatDecision(results[0].Decision))
+					results = results[1:]
+				}
+				fmt.Fprintln(out)
+			}
+		}
+	}
+	if len(plan.Rules) == 0 {
+		fmt.Fprintln(out, "no rule applies: the request is allowed without a limit")
+	}
+	if plan.KeyRequired {
+		fmt.Fprintln(out, "an API key is required: only rules keyed on api_key could limit this request (the authorizer answers 401)")
+	}
+	if *url == "" && len(plan.Rules) > 0 {
+		fmt.Fprintln(out, "(with --redis URL, each limit's current state is shown)")
+	}
+	return nil
+}
+
+func formatAttrs(attrs map[string]string) string {
+	if len(attrs) == 0 {
+		return "without attributes"
+	}
+	var b strings.Builder
+	for i, k := range slices.Sorted(maps.Keys(attrs)) {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s=%q", k, attrs[k])
+	}
+	return b.String()
+}
+
+func formatDecision(d algo.Decision) string {
+	if !d.Allowed && d.RetryAfter > 0 {
+		return fmt.Sprintf("denied now, %d of %d left, admits again in %v", max(0, d.Remaining), d.Limit, d.RetryAfter.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("%d of %d left, full again in %v", max(0, d.Remaining), d.Limit, d.ResetAfter.Round(time.Millisecond))
+}

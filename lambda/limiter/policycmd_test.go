@@ -1,0 +1,105 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/policy"
+	"github.com/tollgate-dev/tollgate/shared/redisstore"
+	"github.com/tollgate-dev/tollgate/shared/redistest"
+)
+
+const shippedPolicy = "../policy.yaml"
+
+func runPolicy(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	var out bytes.Buffer
+	code := policyCommand(context.Background(), args, &out)
+	return code, out.String()
+}
+
+// TestPolicyCheck runs `policy check` on the shipped policy and on a broken one.
+func TestPolicyCheck(t *testing.T) {
+	t.Parallel()
+	if code, out := runPolicy(t, "check", shippedPolicy); code != 0 || !strings.Contains(out, `ok: domain "public-api", 5 rules`) {
+		t.Errorf("check %s = %d, %q; want 0 and a summary", shippedPolicy, code, out)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte("domain: d\nrules:\n  - name: a\n    limits: [{algorithm: gcra, rate: 10/x}]\n  - name: a\n    limits: [{algorithm: gcra, rate: 1/s, colour: red}]\n"), 0o600)
+	code, out := runPolicy(t, "check", shippedPolicy, bad)
+	for _, want := range []string{`rules[0].limits[0].rate: "10/x"`, "(line 4)", `rules[1].name: "a" is used by rules[0]`, "rules[1].limits[0].colour: unknown field"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check of a broken policy: output %q lacks %q", out, want)
+		}
+	}
+	if code != 1 {
+		t.Errorf("check with a broken policy = %d, want 1", code)
+	}
+	if code, _ := runPolicy(t, "check"); code != 2 {
+		t.Errorf("check without a file = %d, want 2", code)
+	}
+	if code, out := runPolicy(t, "explain", shippedPolicy, "path"); code != 2 || !strings.Contains(out, "ATTRIBUTE=VALUE") {
+		t.Errorf("explain with a bare word = %d, %q; want 2 and the form", code, out)
+	}
+}
+
+// TestPolicyExplain explains requests against the shipped policy on a real
+// redis-server after a few charges: the matching rules, why the others do not apply,
+// every key with its slot, and each limit's state, which explaining does not charge.
+func TestPolicyExplain(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	p, err := policy.Load(shippedPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := redisstore.Open(redisstore.Config{URL: "redis://" + srv.Addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	eng, err := engine.New(engine.Config{Policy: p, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	login := map[string]string{"path": "/login", "remote_address": "[2001:db8:1:2::7]:443", "user": "bob"}
+	for range 3 {
+		if _, err := eng.Check(context.Background(), engine.Request{Domain: p.Domain, Attributes: login, Cost: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := []string{"explain", "--redis", "redis://" + srv.Addr, shippedPolicy, "path=/login", "remote_address=[2001:db8:1:2::7]:443", "user=bob"}
+	for round := range 2 { // the second run sees the same counts: explaining charges nothing
+		code, out := runPolicy(t, args...)
+		for _, want := range []string{
+			"client address: 2001:db8:1:2::/64",
+			"rule login-per-ip: applies",
+			"sliding_log 5/min: 2 of 5 left",
+			`rule per-key: does not apply: no api_key; the rule wants any value`,
+			"(slot ",
+			"an API key is required",
+		} {
+			if want == "an API key is required" {
+				if strings.Contains(out, want) {
+					t.Errorf("round %d: a request limited by address must not need a key: %q", round, out)
+				}
+				continue
+			}
+			if !strings.Contains(out, want) {
+				t.Errorf("round %d: explain output lacks %q:\n%s", round, want, out)
+			}
+		}
+		if code != 0 {
+			t.Errorf("explain = %d, want 0", code)
+		}
+	}
+	code, out := runPolicy(t, "explain", shippedPolicy, "path=/items")
+	if code != 0 || !strings.Contains(out, "an API key is required") {
+		t.Errorf("explain of an anonymous /items = %d:\n%s\nwant the key requirement", code, out)
+	}
+}
