@@ -1,0 +1,154 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/policy"
+	"github.com/tollgate-dev/tollgate/shared/redisstore"
+	"github.com/tollgate-dev/tollgate/shared/redistest"
+)
+
+// lostLimit is the daily limit of the lost-charges test: far above what the load
+// admits, so that every request is admitted and each key's count in Redis can be
+// compared with the admissions its clients saw.
+const lostLimit = 1_000_000_000
+
+// TestFailoverLostCharges measures what a failover costs in accuracy. Replication is
+// asynchronous: a master killed under load may have admitted (and answered) charges
+// that its replica never received, and after the promotion the limit counts from the
+// replica's older value, so up to that many requests more are admitted in the same
+// window. The test drives a 3+3 cluster in closed loop, kills one master, and after
+// the promotion compares, for each key of the dead master, the admissions its
+// clients saw with the count the promoted replica holds. It logs the figures (the
+// README's failover section quotes them) and asserts only that the loss is bounded
+// by what was admitted in the last moments before the kill.
+func TestFailoverLostCharges(t *testing.T) {
+	c := redistest.StartCluster(t, redistest.WithReplicas(1), redistest.WithNodeTimeout(failoverNodeTimeout))
+	p, err := policy.Parse(fmt.Appendf(nil, `
+domain: test
+failure: {mode: closed, timeout: 250ms}
+rules:
+  - name: per-key
+    match: {api_key: "*"}
+    limits: [{algorithm: fixed_window, rate: %d/d}]
+`, lostLimit))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := redisstore.Open(redisstore.Config{URL: c.URL(), Cluster: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := engine.New(engine.Config{Policy: p, Store: b, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const keys, workers = 30, 32
+	attrs := make([]map[string]string, keys)
+	for i := range attrs {
+		attrs[i] = map[string]string{"api_key": fmt.Sprintf("k%d", i)}
+	}
+	plans := make([]engine.Plan, keys)
+	for i := range plans {
+		if plans[i], err = eng.Plan(engine.Request{Domain: "test", Attributes: attrs[i], Cost: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dead := c.MasterForSlot(t, algo.Slot(plans[0].Check.Keys[0]))
+	replica := c.ReplicaOf(t, dead)
+	onDead := make([]bool, keys)
+	for i, pl := range plans {
+		onDead[i] = c.MasterForSlot(t, algo.Slot(pl.Check.Keys[0])) == dead
+	}
+
+	// seen[i] counts the store's admissions of key i.
+	seen := make([]atomic.Int64, keys)
+	var killedAt atomic.Int64
+	var sent, degraded atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := w; ; n += workers {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				i := n % keys
+				v := eng.Decide(context.Background(), plans[i])
+				sent.Add(1)
+				switch {
+				case v.Degraded:
+					degraded.Add(1)
+				case v.Allowed:
+					seen[i].Add(1)
+				}
+			}
+		}()
+	}
+	time.Sleep(time.Second)
+	before := sent.Load()
+	t0 := time.Now()
+	time.Sleep(500 * time.Millisecond)
+	rate := float64(sent.Load()-before) / time.Since(t0).Seconds()
+	killedAt.Store(time.Now().UnixNano())
+	dead.Kill()
+	promoted := c.WaitPromoted(t, replica, 15*time.Second)
+	untilBound(promoted)
+	close(stop)
+	wg.Wait()
+
+	var lost, maxLost, deadKeys, admitted, counted int64
+	var lostKeys int
+	for i, pl := range plans {
+		if !onDead[i] {
+			continue
+		}
+		deadKeys++
+		peek, err := eng.Peek(context.Background(), pl)
+		if err != nil {
+			t.Fatalf("Peek(k%d) after the failover = %v", i, err)
+		}
+		n := peek.Decision.Limit - peek.Decision.Remaining
+		admitted += seen[i].Load()
+		counted += n
+		if l := seen[i].Load() - n; l > 0 {
+			lost += l
+			maxLost = max(maxLost, l)
+			lostKeys++
+		}
+	}
+	if deadKeys == 0 {
+		t.Fatal("no key on the killed master")
+	}
+	perKeyRate := rate / keys
+	t.Logf("load %.0f decisions/s over %d keys (%.0f/s a key), %d workers; master killed, replica promoted after %v",
+		rate, keys, perKeyRate, workers, promoted.Sub(time.Unix(0, killedAt.Load())).Round(time.Millisecond))
+	t.Logf("the dead master's %d keys: %d admissions seen, %d counted by the promoted replica; charges lost: %d (%d keys lost some, at most %d on one key); %d failure-mode answers",
+		deadKeys, admitted, counted, lost, lostKeys, maxLost, degraded.Load())
+	if admitted == 0 {
+		t.Fatal("no admission seen on the dead master's keys")
+	}
+	// A charge is lost only if it was answered before the replica received it: with
+	// replication on loopback that is well under a second of one key's admissions.
+	if bound := int64(perKeyRate) + 1; maxLost > bound {
+		t.Errorf("one key lost %d charges at the failover, want at most one second of its admissions (%d)", maxLost, bound)
+	}
+}
