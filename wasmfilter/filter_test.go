@@ -507,8 +507,8 @@ func TestLocalFallbackLimits(t *testing.T) {
 			if r := get(got, "x-ratelimit-remaining"); r != want {
 				t.Errorf("request %d: X-RateLimit-Remaining = %q, want %q (the tighter local-per-key)", i+1, r, want)
 			}
-			if p := get(got, "ratelimit-policy"); p != `"local-per-key";q=2;w=60` {
-				t.Errorf("request %d: RateLimit-Policy = %q, want the local limit's", i+1, p)
+			if p := get(got, "ratelimit-policy"); p != `"local-per-key";q=2;w=60, "local-global";q=100;w=1` {
+				t.Errorf("request %d: RateLimit-Policy = %q, want both local limits", i+1, p)
 			}
 		}
 		clock.Advance(20 * time.Second)

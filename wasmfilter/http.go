@@ -264,7 +264,7 @@ func (h *httpContext) local() types.Action {
 	now := p.now()
 	v := p.local.decide(h.attrs, p.cfg.cost, now)
 	if v.name != "" {
-		for _, kv := range algo.Headers(v.name, v.decision) {
+		for _, kv := range algo.Headers(v.quotas, v.deciding) {
 			name := strings.ToLower(kv[0])
 			if name != "retry-after" {
 				h.respHeaders = append(h.respHeaders, [2]string{name, kv[1]})

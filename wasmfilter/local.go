@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
@@ -15,6 +16,10 @@ type localVerdict struct {
 	// Empty name: no limit applied.
 	name     string
 	decision algo.Decision
+	// quotas are every limit's decision, for the RateLimit headers; deciding is the
+	// index of the most restrictive.
+	quotas   []algo.Quota
+	deciding int
 	delay    time.Duration
 }
 
@@ -37,6 +42,7 @@ func newLocalLimiter(c *config, clock func() time.Time) *localLimiter {
 func (l *localLimiter) decide(attrs []value, cost int64, now time.Time) localVerdict {
 	check := algo.Check{Cost: cost, Now: now.UnixMicro()}
 	var names []string
+	var specs []algo.Meter
 	for _, lim := range l.limits {
 		key, ok := localKey(lim, attrs)
 		if !ok {
@@ -45,6 +51,7 @@ func (l *localLimiter) decide(attrs []value, cost int64, now time.Time) localVer
 		check.Keys = append(check.Keys, key)
 		check.Meters = append(check.Meters, lim.meter)
 		names = append(names, lim.name)
+		specs = append(specs, lim.meter)
 	}
 	if len(check.Meters) == 0 {
 		return localVerdict{allowed: true}
@@ -57,11 +64,16 @@ func (l *localLimiter) decide(attrs []value, cost int64, now time.Time) localVer
 	v := localVerdict{allowed: out.Allowed}
 	picked := false
 	for i, ds := range out.Decisions {
-		for _, d := range ds {
+		for j, d := range ds {
 			v.delay = max(v.delay, d.Delay)
-			if !picked || algo.MoreRestrictive(d, v.decision) {
-				picked, v.name, v.decision = true, names[i], d
+			name := names[i]
+			if len(ds) > 1 {
+				name += "." + strconv.Itoa(j+1)
 			}
+			if !picked || algo.MoreRestrictive(d, v.decision) {
+				picked, v.name, v.decision, v.deciding = true, names[i], d, len(v.quotas)
+			}
+			v.quotas = append(v.quotas, algo.Quota{Name: name, Limit: specs[i].Limits[j], Decision: d})
 		}
 	}
 	if !out.Allowed {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -238,6 +239,12 @@ func decisionContext(v engine.Verdict) map[string]any {
 			c[ctxRateLimit] = kv[1]
 		case "RateLimit-Policy":
 			c[ctxRateLimitPolicy] = kv[1]
+		case "X-RateLimit-Limit":
+			// The quota the headers state (algo.QuotaWindow): a limit with a burst
+			// states its burst, so that remaining never exceeds limit.
+			if q, err := strconv.ParseInt(kv[1], 10, 64); err == nil {
+				c[ctxLimit] = q
+			}
 		}
 	}
 	return c

@@ -51,10 +51,14 @@ func BenchmarkParseDecideReply(b *testing.B) {
 }
 
 func BenchmarkHeaders(b *testing.B) {
-	d := algo.Decision{Allowed: true, Limit: 100, Period: time.Second, Remaining: 199, ResetAfter: 10 * time.Millisecond}
+	qs := []algo.Quota{{
+		Name:     "per-key",
+		Limit:    algo.Limit{Algorithm: algo.GCRA, Count: 100, Period: time.Second, Burst: 200},
+		Decision: algo.Decision{Allowed: true, Limit: 100, Period: time.Second, Remaining: 199, ResetAfter: 10 * time.Millisecond},
+	}}
 	b.ReportAllocs()
 	for b.Loop() {
-		_ = algo.Headers("per-key", d)
+		_ = algo.Headers(qs, 0)
 	}
 }
 

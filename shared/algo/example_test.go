@@ -47,14 +47,25 @@ func ExampleMeter_Step() {
 }
 
 func ExampleHeaders() {
-	d := algo.Decision{Allowed: false, Limit: 100, Period: time.Minute, Remaining: 0,
-		ResetAfter: 17 * time.Second, RetryAfter: 2500 * time.Millisecond}
-	for _, h := range algo.Headers("per-key", d) {
+	perMinute := algo.Quota{
+		Name:  "per-key",
+		Limit: algo.Limit{Algorithm: algo.FixedWindow, Count: 100, Period: time.Minute},
+		Decision: algo.Decision{Allowed: false, Limit: 100, Period: time.Minute, Remaining: 0,
+			ResetAfter: 17 * time.Second, RetryAfter: 2500 * time.Millisecond},
+	}
+	// A token bucket of 10/s with a burst of 50 states its burst over the 5s the rate
+	// takes to refill it.
+	bucket := algo.Quota{
+		Name:     "search",
+		Limit:    algo.Limit{Algorithm: algo.TokenBucket, Count: 10, Period: time.Second, Burst: 50},
+		Decision: algo.Decision{Allowed: true, Limit: 10, Period: time.Second, Remaining: 41, ResetAfter: 900 * time.Millisecond},
+	}
+	for _, h := range algo.Headers([]algo.Quota{perMinute, bucket}, 0) {
 		fmt.Printf("%s: %s\n", h[0], h[1])
 	}
 	// Output:
-	// RateLimit-Policy: "per-key";q=100;w=60
-	// RateLimit: "per-key";r=0;t=17
+	// RateLimit-Policy: "per-key";q=100;w=60, "search";q=50;w=5
+	// RateLimit: "per-key";r=0;t=17, "search";r=41;t=1
 	// X-RateLimit-Limit: 100
 	// X-RateLimit-Remaining: 0
 	// X-RateLimit-Reset: 17

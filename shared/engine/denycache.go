@@ -24,6 +24,8 @@ type denial struct {
 	until int64 // Unix µs
 	cost  int64 // the denied request's cost
 	rule  string
+	quota string     // the limit's name in the headers
+	spec  algo.Limit // the limit that denied
 	d     algo.Decision
 }
 
@@ -103,7 +105,7 @@ func (e *Engine) fromDenyCache(p Plan, now int64) (Verdict, bool) {
 			Cached:   true,
 			Rule:     den.rule,
 			Decision: d,
-			Limits:   []LimitResult{{Rule: den.rule, Algorithm: p.Check.Meters[i].Algorithm(), Decision: d}},
+			Limits:   []LimitResult{{Rule: den.rule, Algorithm: den.spec.Algorithm, Quota: den.quota, Spec: den.spec, Decision: d}},
 		}, true
 	}
 	return Verdict{}, false
@@ -126,7 +128,9 @@ func (e *Engine) remember(p Plan, out algo.Outcome, now int64) {
 				continue
 			}
 			// The store's clock decided; count the retry from ours.
-			deny.put(p.Check.Keys[i], denial{until: now + int64(d.RetryAfter/time.Microsecond), cost: p.Check.Cost, rule: p.Rules[i].Name, d: d}, now)
+			l := p.Check.Meters[i].Limits[j]
+			deny.put(p.Check.Keys[i], denial{until: now + int64(d.RetryAfter/time.Microsecond), cost: p.Check.Cost,
+				rule: p.Rules[i].Name, quota: p.Rules[i].QuotaName(l), spec: l, d: d}, now)
 			break
 		}
 	}

@@ -73,6 +73,10 @@ type LimitResult struct {
 	Rule      string
 	Algorithm algo.Algorithm
 	Shadow    bool
+	// Quota names the limit in the RateLimit headers (policy.Rule.QuotaName).
+	Quota string
+	// Spec is the limit as the policy states it.
+	Spec algo.Limit
 	algo.Decision
 }
 
@@ -95,12 +99,16 @@ type Verdict struct {
 	Delay time.Duration
 	// Limits holds every matched limit's decision, shadow ones included.
 	Limits []LimitResult
+
+	deciding int // the index in Limits of the deciding limit
 }
 
-// Headers returns the response headers for the deciding limit (algo.Headers): none when
-// no limit decided (nothing matched, only shadow limits, or the failure mode
-// admitted), and only Retry-After when the failure mode denied. They are formatted on
-// demand, so that a caller that sends none pays nothing for them.
+// Headers returns the response headers of the verdict (algo.Headers): every
+// non-shadow limit in RateLimit-Policy and RateLimit, the deciding one in the
+// X-RateLimit-* headers and, on a denial, Retry-After. None when no limit decided
+// (nothing matched, only shadow limits, or the failure mode admitted), and only
+// Retry-After when the failure mode denied. They are formatted on demand, so that a
+// caller that sends none pays nothing for them.
 func (v Verdict) Headers() [][2]string {
 	switch {
 	case v.Reason == ReasonUnavailable:
@@ -108,7 +116,18 @@ func (v Verdict) Headers() [][2]string {
 	case v.Rule == "":
 		return nil
 	}
-	return algo.Headers(v.Rule, v.Decision)
+	var qs []algo.Quota
+	deciding := 0
+	for i, l := range v.Limits {
+		if l.Shadow {
+			continue
+		}
+		if i == v.deciding {
+			deciding = len(qs)
+		}
+		qs = append(qs, algo.Quota{Name: l.Quota, Limit: l.Spec, Decision: l.Decision})
+	}
+	return algo.Headers(qs, deciding)
 }
 
 // Hooks receive the engine's events for metrics; every field may be nil.
@@ -480,8 +499,8 @@ func (e *Engine) verdict(p Plan, out algo.Outcome) Verdict {
 	for i, ds := range out.Decisions {
 		mt := p.Check.Meters[i]
 		for j, d := range ds {
-			rule := p.Rules[i]
-			v.Limits = append(v.Limits, LimitResult{Rule: rule.Name, Algorithm: mt.Limits[j].Algorithm, Shadow: rule.Shadow, Decision: d})
+			rule, l := p.Rules[i], mt.Limits[j]
+			v.Limits = append(v.Limits, LimitResult{Rule: rule.Name, Algorithm: l.Algorithm, Shadow: rule.Shadow, Quota: rule.QuotaName(l), Spec: l, Decision: d})
 			if rule.Shadow {
 				continue
 			}
@@ -499,6 +518,7 @@ func (e *Engine) verdict(p Plan, out algo.Outcome) Verdict {
 	}
 	v.Rule = v.Limits[best].Rule
 	v.Decision = bestD
+	v.deciding = best
 	if !v.Allowed {
 		v.Reason = ReasonOverLimit
 		v.Delay = 0

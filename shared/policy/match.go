@@ -173,6 +173,16 @@ func (p *Policy) AppendMatch(dst []Match, attrs map[string]string) []Match {
 	return out
 }
 
+// QuotaName names limit l of the rule in the RateLimit headers: the rule's name, and
+// for a rule of several limits ".1", ".2", … by the limit's place in the rule.
+func (r *Rule) QuotaName(l algo.Limit) string {
+	if len(r.Limits) < 2 {
+		return r.Name
+	}
+	i := slices.Index(r.Limits, l)
+	return r.Name + "." + strconv.Itoa(i+1)
+}
+
 // APIKey is the attribute that carries a request's API key (or its token's hash):
 // the identity a front door may require of a request (KeyRequired).
 const APIKey = "api_key"
