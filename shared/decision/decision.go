@@ -285,7 +285,9 @@ func (h *handler) check(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, Response(req.Domain, v))
 }
 
-// Response builds the JSON body of a verdict.
+// Response builds the JSON body of a verdict. limit and window_ms are the quota the
+// RateLimit headers state (algo.QuotaWindow): a limit with a burst states its burst
+// over the time the rate refills it, so that remaining never exceeds limit.
 func Response(domain string, v engine.Verdict) CheckResponse {
 	cr := CheckResponse{
 		Allowed:      v.Allowed,
@@ -301,14 +303,26 @@ func Response(domain string, v engine.Verdict) CheckResponse {
 		Cached:       v.Cached,
 		Limits:       make([]LimitJSON, 0, len(v.Limits)),
 	}
+	if d, ok := v.Deciding(); ok {
+		cr.Limit, _ = quota(d)
+	}
 	for _, l := range v.Limits {
+		q, w := quota(l)
 		cr.Limits = append(cr.Limits, LimitJSON{
 			Rule: l.Rule, Algorithm: string(l.Algorithm), Allowed: l.Allowed, Shadow: l.Shadow,
-			Limit: l.Limit, WindowMs: ms(l.Period), Remaining: max(0, l.Remaining),
+			Limit: q, WindowMs: ms(w), Remaining: max(0, l.Remaining),
 			ResetAfterMs: ms(l.ResetAfter), RetryAfterMs: ms(l.RetryAfter), DelayMs: ms(l.Delay),
 		})
 	}
 	return cr
+}
+
+// quota is a limit's quota and window as the headers state them.
+func quota(l engine.LimitResult) (int64, time.Duration) {
+	if l.Spec.Count == 0 {
+		return l.Decision.Limit, l.Period
+	}
+	return algo.QuotaWindow(l.Spec)
 }
 
 // ReadyResponse is the body of a /readyz answer.

@@ -103,6 +103,14 @@ type Verdict struct {
 	deciding int // the index in Limits of the deciding limit
 }
 
+// Deciding returns the deciding limit's result; false when no limit decided.
+func (v Verdict) Deciding() (LimitResult, bool) {
+	if v.Rule == "" || v.deciding >= len(v.Limits) {
+		return LimitResult{}, false
+	}
+	return v.Limits[v.deciding], true
+}
+
 // Headers returns the response headers of the verdict (algo.Headers): every
 // non-shadow limit in RateLimit-Policy and RateLimit, the deciding one in the
 // X-RateLimit-* headers and, on a denial, Retry-After. None when no limit decided
