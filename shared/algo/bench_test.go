@@ -16,7 +16,7 @@ var benchMeters = []algo.Meter{{Limits: []algo.Limit{{Algorithm: algo.GCRA, Coun
 func BenchmarkKey(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
-		_ = algo.Key("tg:", algo.Escape("client-000042"), "per-key", "", 0)
+		_ = algo.Key("tg:", algo.Escape("client-000042"), "per-key", "", "0")
 	}
 }
 

@@ -76,8 +76,8 @@ func ExampleKey() {
 	// Every key of one client address shares its hash tag, so one script can decide
 	// all of them in Redis Cluster.
 	tag := algo.Escape("203.0.113.7")
-	login := algo.Key("tg:", tag, "login", algo.Escape("alice@example.com"), 0)
-	api := algo.Key("tg:", tag, "api", algo.Escape("GET /v1/{id}"), 1)
+	login := algo.Key("tg:", tag, "login", algo.Escape("alice@example.com"), "0")
+	api := algo.Key("tg:", tag, "api", algo.Escape("GET /v1/{id}"), "1")
 	fmt.Println(login)
 	fmt.Println(api)
 	fmt.Println(algo.HashTag(api), algo.Slot(login) == algo.Slot(api))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ func FuzzEscape(f *testing.F) {
 		} else if got := unescape(ea); got != a {
 			t.Fatalf("unescape(Escape(%q)) = %q, want %q", a, got, a)
 		}
-		key := algo.Key("tg:", ea, b, eb+":"+ea, len(b))
+		key := algo.Key("tg:", ea, b, eb+":"+ea, strconv.Itoa(len(b)))
 		if got := algo.HashTag(key); got != ea {
 			t.Fatalf("HashTag(%q) = %q, want %q", key, got, ea)
 		}

@@ -3,7 +3,8 @@ package algo
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"strconv"
+	"fmt"
+	"hash/fnv"
 	"strings"
 )
 
@@ -63,27 +64,30 @@ func plain(c byte) bool {
 		c == '.' || c == '_' || c == '-' || c == '@' || c == '/'
 }
 
-// Key returns the Redis key of meter idx of a rule for one client:
+// Key returns the Redis key of one meter of a rule for one client:
 //
-//	<prefix>{<tag>}<rule>:<identity>:<idx>
+//	<prefix>{<tag>}<rule>:<identity>:<meter>
 //
 // tag and identity must come from Escape (identity may join several escaped values
-// with ':'); rule must be a policy rule name. Every key with the same tag hashes to
-// the same Redis Cluster slot, whatever the rule and identity, so the limits of one
-// client can be decided in one script.
-func Key(prefix, tag, rule, identity string, idx int) string {
-	var b strings.Builder
-	b.Grow(len(prefix) + len(tag) + len(rule) + len(identity) + 8)
-	b.WriteString(prefix)
-	b.WriteByte('{')
-	b.WriteString(tag)
-	b.WriteByte('}')
-	b.WriteString(rule)
-	b.WriteByte(':')
-	b.WriteString(identity)
-	b.WriteByte(':')
-	b.WriteString(strconv.Itoa(idx))
-	return b.String()
+// with ':'); rule must be a policy rule name, and meter names the meter within the
+// rule (policy uses MeterID). Every key with the same tag hashes to the same Redis
+// Cluster slot, whatever the rule and identity, so the limits of one client can be
+// decided in one script.
+func Key(prefix, tag, rule, identity, meter string) string {
+	return prefix + "{" + tag + "}" + rule + ":" + identity + ":" + meter
+}
+
+// MeterID names meter i of a rule in its keys: i, '.', and 8 hex digits of a hash of
+// the meter's limits (algorithm, count, period, burst, bucket). A meter whose limits
+// change gets new keys, so that a policy reload never reads one algorithm's state
+// as another's, or a count kept under another rate; one whose limits stay keeps its
+// keys and its state.
+func MeterID(i int, m Meter) string {
+	h := fnv.New32a()
+	for _, l := range m.Limits {
+		fmt.Fprintf(h, "%s/%d/%d/%d/%d;", l.Algorithm, l.Count, l.Period, l.Burst, l.Bucket)
+	}
+	return fmt.Sprintf("%d.%08x", i, h.Sum32())
 }
 
 // HashTag returns the part of key that Redis Cluster hashes: the text between the

@@ -1,8 +1,10 @@
 package algo_test
 
 import (
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
 )
@@ -169,7 +171,7 @@ func TestKey(t *testing.T) {
 		{"tg:", "k1", "api", "k1:GET:%2Fv1", 3, "tg:{k1}api:k1:GET:%2Fv1:3"},
 	}
 	for _, tt := range tests {
-		if got := algo.Key(tt.prefix, tt.tag, tt.rule, tt.identity, tt.idx); got != tt.want {
+		if got := algo.Key(tt.prefix, tt.tag, tt.rule, tt.identity, strconv.Itoa(tt.idx)); got != tt.want {
 			t.Errorf("Key(%q, %q, %q, %q, %d) = %q, want %q", tt.prefix, tt.tag, tt.rule, tt.identity, tt.idx, got, tt.want)
 		}
 	}
@@ -188,9 +190,9 @@ func TestKeyHostileIdentities(t *testing.T) {
 	for _, id := range hostile {
 		tag := algo.Escape(id)
 		keys := []string{
-			algo.Key("tg:", tag, "login", tag, 0),
-			algo.Key("tg:", tag, "api{x}", tag+":"+algo.Escape("{GET}"), 7),
-			algo.Key("other:", tag, "", "", 123),
+			algo.Key("tg:", tag, "login", tag, "0"),
+			algo.Key("tg:", tag, "api{x}", tag+":"+algo.Escape("{GET}"), "7"),
+			algo.Key("other:", tag, "", "", "123"),
 		}
 		for _, k := range keys {
 			if got := algo.HashTag(k); got != tag {
@@ -251,5 +253,41 @@ func TestSlot(t *testing.T) {
 		if got := algo.Slot(tt.key); got != tt.want {
 			t.Errorf("Slot(%q) = %d, want %d", tt.key, got, tt.want)
 		}
+	}
+}
+
+// TestMeterID checks that a meter's name in keys keeps its place and changes with
+// each of its limits' parameters, so that a reloaded policy keeps the state of the
+// limits it kept and starts the others afresh. The value is pinned: changing the
+// hash would orphan every key in production.
+func TestMeterID(t *testing.T) {
+	t.Parallel()
+	base := algo.Limit{Algorithm: algo.TokenBucket, Count: 10, Period: time.Second, Burst: 20}
+	m := func(ls ...algo.Limit) algo.Meter { return algo.Meter{Limits: ls} }
+	if got, want := algo.MeterID(0, m(base)), "0.c5df299c"; got != want {
+		t.Errorf("MeterID(0, %v) = %s, want %s", base, got, want)
+	}
+	if a, b := algo.MeterID(3, m(base)), algo.MeterID(3, m(base)); a != b || !strings.HasPrefix(a, "3.") {
+		t.Errorf("MeterID(3, …) = %s then %s, want one stable value starting 3.", a, b)
+	}
+	seen := map[string]string{algo.MeterID(0, m(base)): "base"}
+	for name, l := range map[string]algo.Limit{
+		"algorithm": {Algorithm: algo.GCRA, Count: 10, Period: time.Second, Burst: 20},
+		"count":     {Algorithm: algo.TokenBucket, Count: 11, Period: time.Second, Burst: 20},
+		"period":    {Algorithm: algo.TokenBucket, Count: 10, Period: time.Minute, Burst: 20},
+		"burst":     {Algorithm: algo.TokenBucket, Count: 10, Period: time.Second, Burst: 21},
+		"bucket":    {Algorithm: algo.TokenBucket, Count: 10, Period: time.Second, Burst: 20, Bucket: time.Millisecond},
+	} {
+		id := algo.MeterID(0, m(l))
+		if other, dup := seen[id]; dup {
+			t.Errorf("changing the %s gives MeterID %s, the same as %s", name, id, other)
+		}
+		seen[id] = name
+	}
+	ring := algo.Limit{Algorithm: algo.BucketRing, Count: 10, Period: time.Second, Bucket: 100 * time.Millisecond}
+	wide := ring
+	wide.Period, wide.Count = 10*time.Second, 50
+	if algo.MeterID(0, m(ring)) == algo.MeterID(0, m(ring, wide)) {
+		t.Error("adding a window to a ring keeps its MeterID, want a new one")
 	}
 }

@@ -35,9 +35,9 @@ rules:
 		}
 	}
 	// Output:
-	// per-key tg:{k1}per-key::0 [gcra 100/s burst 200]
-	// per-key tg:{k1}per-key::1 [fixed_window 10000/d]
-	// uploads tg:{k1}uploads:/upload:0 [leaky_bucket 10/s burst 20]
+	// per-key tg:{k1}per-key::0.41096715 [gcra 100/s burst 200]
+	// per-key tg:{k1}per-key::1.5c6e6a8e [fixed_window 10000/d]
+	// uploads tg:{k1}uploads:/upload:0.60295d79 [leaky_bucket 10/s burst 20]
 }
 
 func ExampleParse_errors() {

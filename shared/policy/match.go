@@ -50,6 +50,9 @@ func (r *Rule) compile(shardBy string) {
 		r.meterRecord = append(r.meterRecord, r.Records[i])
 		r.recording = r.recording || r.Records[i] != ""
 	}
+	for i, m := range r.Meters {
+		r.meterIDs = append(r.meterIDs, algo.MeterID(i, m))
+	}
 }
 
 // applies reports whether every attribute the rule names is present in attrs with
@@ -156,7 +159,7 @@ func (p *Policy) AppendMatch(dst []Match, attrs map[string]string) []Match {
 		k := len(r.Meters)
 		m.Keys, keys = keys[:k:k], keys[k:]
 		for i := range r.Meters {
-			m.Keys[i] = algo.Key(p.Prefix, tag, r.Name, identity, i)
+			m.Keys[i] = algo.Key(p.Prefix, tag, r.Name, identity, r.meterIDs[i])
 		}
 		m.Meters = r.Meters
 		if r.recording {

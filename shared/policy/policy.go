@@ -140,6 +140,7 @@ type Rule struct {
 	attrs       []string // names in Match, sorted
 	sharded     bool     // Match names the policy's ShardBy attribute
 	meterRecord []string // per meter, the attribute to record, or ""
+	meterIDs    []string // per meter, its name in keys (algo.MeterID)
 	recording   bool     // some meter records
 }
 

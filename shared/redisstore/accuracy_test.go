@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -75,7 +76,7 @@ func TestAccuracyTable(t *testing.T) {
 				m := meterOf(tt.a, L, W)
 				cells := []string{fmt.Sprintf("`%s`", m.Limits[0])}
 				for si, s := range schedules {
-					key := algo.Key("acc:", string(tt.a), "r", "", si)
+					key := algo.Key("acc:", string(tt.a), "r", "", strconv.Itoa(si))
 					var admitted []int64
 					before := 0
 					for _, at := range s.at {

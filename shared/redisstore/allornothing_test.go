@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -48,8 +49,8 @@ func checkAllOrNothing(t *testing.T, store *redisstore.Store, master func(key st
 	t.Helper()
 	ctx := context.Background()
 	ma := passingMeter(a)
-	keyA := algo.Key("aon:", tagA, string(a), "", 0)
-	keyB := algo.Key("aon:", tagB, "global", algo.Escape(tagA), 0)
+	keyA := algo.Key("aon:", tagA, string(a), "", "0")
+	keyB := algo.Key("aon:", tagB, "global", algo.Escape(tagA), "0")
 	if o, err := store.Decide(ctx, algo.Check{Keys: []string{keyB}, Meters: []algo.Meter{denyingMeter}, Cost: 1, Now: now}); err != nil || !o.Allowed {
 		t.Fatalf("exhausting B: Check(%s) = %v, %v, want allowed", keyB, o.Allowed, err)
 	}
@@ -121,16 +122,16 @@ func TestAllOrNothingCluster(t *testing.T) {
 		for _, tc := range allOrNothingCases {
 			t.Run(string(a)+"/"+tc.name, func(t *testing.T) {
 				tagA := fmt.Sprintf("client-%s-%t-%t", a, tc.charged, tc.bFirst)
-				keyA := algo.Key("aon:", tagA, string(a), "", 0)
+				keyA := algo.Key("aon:", tagA, string(a), "", "0")
 				// Find a tag for B on another master than A's.
 				tagB := ""
 				for i := 0; tagB == ""; i++ {
 					tag := fmt.Sprintf("global-%d", i)
-					if master(algo.Key("aon:", tag, "global", "", 0)).Options().Addr != master(keyA).Options().Addr {
+					if master(algo.Key("aon:", tag, "global", "", "0")).Options().Addr != master(keyA).Options().Addr {
 						tagB = tag
 					}
 				}
-				if algo.Slot(keyA) == algo.Slot(algo.Key("aon:", tagB, "global", "", 0)) {
+				if algo.Slot(keyA) == algo.Slot(algo.Key("aon:", tagB, "global", "", "0")) {
 					t.Fatalf("A and B share slot %d", algo.Slot(keyA))
 				}
 				checkAllOrNothing(t, store, master, tagA, tagB, tc, a, now)
@@ -171,7 +172,7 @@ func TestRefundLogicalInverse(t *testing.T) {
 					m.Record = "user-1"
 				}
 				meters := []algo.Meter{m}
-				key := algo.Key("refund:", fmt.Sprintf("%s-%d", a, tc.gap), "r", "", 0)
+				key := algo.Key("refund:", fmt.Sprintf("%s-%d", a, tc.gap), "r", "", "0")
 				keys := []string{key}
 				const c1, c2 = 2, 3
 				t2 := t1 + tc.gap
@@ -267,7 +268,7 @@ func TestDecideUndoMeterIndex(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var keys []string
 			for i := range tt.meters {
-				keys = append(keys, algo.Key("undo:", "client-1", tt.name, "", i))
+				keys = append(keys, algo.Key("undo:", "client-1", tt.name, "", strconv.Itoa(i)))
 			}
 			v, err := decide.Run(ctx, client, keys, algo.DecideArgs(tt.meters, 1, now, true)...).Result()
 			if err != nil {

@@ -352,13 +352,13 @@ func TestBatcherManyMatchesModel(t *testing.T) {
 			a := algo.Algorithms[w/2%len(algo.Algorithms)]
 			m := randomMeter(rand.New(rand.NewPCG(uint64(w/2), 7)), a)
 			ms := memstore.New(0, nil)
-			keys, meters := []string{algo.Key("many:", fmt.Sprint(w), "r", "", 0)}, []algo.Meter{m}
+			keys, meters := []string{algo.Key("many:", fmt.Sprint(w), "r", "", "0")}, []algo.Meter{m}
 			if w%4 == 3 {
 				// every fourth worker adds a second meter of its own, shadow or not:
 				// all-or-nothing and shadow inside a batch
 				m2 := randomMeter(r, a)
 				m2.Shadow = r.IntN(2) == 0
-				keys, meters = append(keys, algo.Key("many:", fmt.Sprint(w), "r", "", 1)), append(meters, m2)
+				keys, meters = append(keys, algo.Key("many:", fmt.Sprint(w), "r", "", "1")), append(meters, m2)
 			}
 			now := base
 			for i := range 200 {
@@ -432,7 +432,7 @@ func TestBatcherServerClockTTL(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			c := algo.Check{Keys: []string{algo.Key("ttl:", strconv.Itoa(i), "r", "", 0)}, Meters: []algo.Meter{m}, Cost: 1}
+			c := algo.Check{Keys: []string{algo.Key("ttl:", strconv.Itoa(i), "r", "", "0")}, Meters: []algo.Meter{m}, Cost: 1}
 			out, err := b.Decide(context.Background(), c)
 			if err != nil || !out.Allowed {
 				t.Errorf("request %d: %+v, %v, want allowed", i, out, err)
@@ -447,7 +447,7 @@ func TestBatcherServerClockTTL(t *testing.T) {
 	}
 	rc := srv.Client(t)
 	for i := range n {
-		pttl, err := rc.PTTL(context.Background(), algo.Key("ttl:", strconv.Itoa(i), "r", "", 0)).Result()
+		pttl, err := rc.PTTL(context.Background(), algo.Key("ttl:", strconv.Itoa(i), "r", "", "0")).Result()
 		if err != nil {
 			t.Fatal(err)
 		}

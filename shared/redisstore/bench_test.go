@@ -31,7 +31,7 @@ const benchClients = 10000
 func benchKeys(prefix string) []string {
 	keys := make([]string, benchClients)
 	for i := range keys {
-		keys[i] = algo.Key("bench:", fmt.Sprintf("client-%06d", i), prefix, "", 0)
+		keys[i] = algo.Key("bench:", fmt.Sprintf("client-%06d", i), prefix, "", "0")
 	}
 	return keys
 }

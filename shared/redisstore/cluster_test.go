@@ -60,12 +60,12 @@ func TestClusterMultiRule(t *testing.T) {
 				want []int64 // Remaining per limit after three admitted requests
 			}
 			rules := []rule{
-				{algo.Key("tg:", tag, "per-key", "", 0), perKey, []int64{5 - 3}},
-				{algo.Key("tg:", tag, "per-route", "GET:"+algo.Escape("/v1/items"), 0), perRoute, []int64{0}},
-				{algo.Key("tg:", tag, "tiers", "", 0), tiers, []int64{4 - 3, 10 - 3}},
+				{algo.Key("tg:", tag, "per-key", "", "0"), perKey, []int64{5 - 3}},
+				{algo.Key("tg:", tag, "per-route", "GET:"+algo.Escape("/v1/items"), "0"), perRoute, []int64{0}},
+				{algo.Key("tg:", tag, "tiers", "", "0"), tiers, []int64{4 - 3, 10 - 3}},
 			}
 			for i := 0; ; i++ {
-				k := algo.Key("tg:", fmt.Sprintf("global-%d", i), "global", tag, 0)
+				k := algo.Key("tg:", fmt.Sprintf("global-%d", i), "global", tag, "0")
 				if addrOf(k) != addrOf(rules[0].key) {
 					g := rule{k, global, []int64{100 - 3}}
 					if tt.globalFirst {

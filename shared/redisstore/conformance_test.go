@@ -103,7 +103,7 @@ func TestConformance(t *testing.T) {
 					t.Fatalf("seed %d: meter %+v: %v", seed, m, err)
 				}
 				ms := memstore.New(0, nil)
-				key := algo.Key("conf:", fmt.Sprintf("%s-%d", a, seq), "r", "", 0)
+				key := algo.Key("conf:", fmt.Sprintf("%s-%d", a, seq), "r", "", "0")
 				// A third of the sequences decide the meter alone; a third with a
 				// second meter of the same algorithm, shadow half the time (fast.lua's
 				// flat path decides both where the algorithm has one); a third add a
@@ -113,14 +113,14 @@ func TestConformance(t *testing.T) {
 				if seq%3 != 0 {
 					m2 := randomMeter(r, a)
 					m2.Shadow = r.IntN(2) == 0
-					keys = append(keys, algo.Key("conf:", fmt.Sprintf("%s-%d", a, seq), "r", "", 1))
+					keys = append(keys, algo.Key("conf:", fmt.Sprintf("%s-%d", a, seq), "r", "", "1"))
 					meters = append(meters, m2)
 				}
 				if r.IntN(4) == 0 {
 					meters[0].Shadow = true
 				}
 				if seq%3 == 2 {
-					keys = append(keys, algo.Key("conf:", fmt.Sprintf("%s-%d", a, seq), "r", "", 2))
+					keys = append(keys, algo.Key("conf:", fmt.Sprintf("%s-%d", a, seq), "r", "", "2"))
 					meters = append(meters, algo.Meter{Limits: []algo.Limit{{Algorithm: algo.SlidingLog, Count: algo.MaxLogCount, Period: time.Hour}}})
 				}
 				now := base + r.Int64N(int64(time.Hour/time.Microsecond))

@@ -94,7 +94,7 @@ func TestMemoryTable(t *testing.T) {
 					pipe := client.Pipeline()
 					cmds := make([]*redis.Cmd, 0, chunk)
 					for i := from; i < from+chunk; i++ {
-						key := algo.Key("tg:", fmt.Sprintf("client-%06d", i), "per-key", "", 0)
+						key := algo.Key("tg:", fmt.Sprintf("client-%06d", i), "per-key", "", "0")
 						cmds = append(cmds, decide.EvalSha(ctx, pipe, []string{key}, args...))
 					}
 					if _, err := pipe.Exec(ctx); err != nil {

@@ -41,7 +41,7 @@ func TestRaceTenClients(t *testing.T) {
 		t.Run(string(a), func(t *testing.T) {
 			m := meterOf(a, limit, period)
 			for round := range raceRounds {
-				key := algo.Key("race:", fmt.Sprintf("%s-%d", a, round), "ten", "", 0)
+				key := algo.Key("race:", fmt.Sprintf("%s-%d", a, round), "ten", "", "0")
 				c := algo.Check{Keys: []string{key}, Meters: []algo.Meter{m}, Cost: 1}
 				if a == algo.FixedWindow {
 					// A window edge inside the race would admit 5 more, rightly.
@@ -137,7 +137,7 @@ func TestRaceSixtyFourGoroutines(t *testing.T) {
 			}
 		}
 		m := meterOf(a, limit, period)
-		checks[i] = algo.Check{Keys: []string{algo.Key("race:", string(a), "many", "", 0)}, Meters: []algo.Meter{m}, Cost: 1}
+		checks[i] = algo.Check{Keys: []string{algo.Key("race:", string(a), "many", "", "0")}, Meters: []algo.Meter{m}, Cost: 1}
 	}
 	admitted := make([]atomic.Int64, len(checks))
 	sent := make([]atomic.Int64, len(checks))

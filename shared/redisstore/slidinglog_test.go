@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -50,7 +51,7 @@ func TestSlidingLogMembersStayUnique(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			key := algo.Key("slog:", "client-1", "seq", "", i)
+			key := algo.Key("slog:", "client-1", "seq", "", strconv.Itoa(i))
 			model := memstore.New(0, nil)
 			for j, s := range tt.steps {
 				c := algo.Check{Keys: []string{key}, Meters: []algo.Meter{m}, Cost: s.cost, Now: base + s.at}

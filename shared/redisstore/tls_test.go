@@ -91,7 +91,7 @@ func TestTLS(t *testing.T) {
 		t.Fatalf("Preload over TLS: %v", err)
 	}
 	m := []algo.Meter{{Limits: []algo.Limit{{Algorithm: algo.GCRA, Count: 2, Period: time.Minute}}}}
-	c := algo.Check{Keys: []string{algo.Key("tls:", "client", "r", "", 0)}, Meters: m, Cost: 1}
+	c := algo.Check{Keys: []string{algo.Key("tls:", "client", "r", "", "0")}, Meters: m, Cost: 1}
 	for i, want := range []bool{true, true, false} {
 		out, err := st.Decide(ctx, c)
 		if err != nil {

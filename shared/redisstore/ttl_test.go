@@ -113,7 +113,7 @@ func TestNoImmortalKeys(t *testing.T) {
 			if err := m.Validate(); err != nil {
 				t.Fatalf("meter %+v: %v", m, err)
 			}
-			key := algo.Key("ttl:", fmt.Sprintf("%s-%d", a, i), "r", "", 0)
+			key := algo.Key("ttl:", fmt.Sprintf("%s-%d", a, i), "r", "", "0")
 			meters[key] = m
 			entries = append(entries, entry{key, m})
 		}
