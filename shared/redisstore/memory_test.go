@@ -37,7 +37,7 @@ func usedMemory(t *testing.T, c *redis.Client) int64 {
 // TestMemoryTable measures the Redis memory one tracked client costs, per algorithm:
 // 10,000 clients each make one request (the decision script through a pipeline, on
 // the server's clock) on keys named as the policy names them
-// ("tg:{client-000123}per-key::0"); then the average of MEMORY USAGE over the keys
+// ("tg:{client-000123}per-key::0.a1b2c3d4"); then the average of MEMORY USAGE over the keys
 // (key, value, and the main dictionary's entry), and the growth of INFO used_memory
 // (which also counts the expiry dictionary and the dictionaries' growth), per client.
 // The targets are asserted on MEMORY USAGE: gcra and fixed_window at most 100 bytes,
@@ -94,7 +94,7 @@ func TestMemoryTable(t *testing.T) {
 					pipe := client.Pipeline()
 					cmds := make([]*redis.Cmd, 0, chunk)
 					for i := from; i < from+chunk; i++ {
-						key := algo.Key("tg:", fmt.Sprintf("client-%06d", i), "per-key", "", "0")
+						key := algo.Key("tg:", fmt.Sprintf("client-%06d", i), "per-key", "", algo.MeterID(0, tt.m))
 						cmds = append(cmds, decide.EvalSha(ctx, pipe, []string{key}, args...))
 					}
 					if _, err := pipe.Exec(ctx); err != nil {
