@@ -25,6 +25,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/scripts/internal/redisproc"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 )
 
@@ -228,7 +229,7 @@ type meta struct {
 func run(ctx context.Context, cfg config, progressOut io.Writer) (*results, error) {
 	url := cfg.RedisURL
 	if url == "" {
-		srv, err := startRedis(ctx, cfg.RedisServer)
+		srv, err := redisproc.Start(ctx, cfg.RedisServer)
 		if err != nil {
 			return nil, err
 		}
