@@ -142,11 +142,18 @@ func explain(ctx context.Context, args []string, out io.Writer) error {
 			fmt.Fprintf(out, "rule %s: does not apply: %s\n", r.Name, why)
 			continue
 		}
-		shadow := ""
-		if r.Shadow {
-			shadow = " (shadow: reported, never denies)"
+		if by := r.ReplacedBy(plan.Attributes); by != "" {
+			fmt.Fprintf(out, "rule %s: applies, but %s replaces it\n", r.Name, by)
+			continue
 		}
-		fmt.Fprintf(out, "rule %s: applies%s\n", r.Name, shadow)
+		note := ""
+		switch {
+		case r.Unlimited:
+			note = " (unlimited: admits without a limit)"
+		case r.Shadow:
+			note = " (shadow: reported, never denies)"
+		}
+		fmt.Fprintf(out, "rule %s: applies%s\n", r.Name, note)
 		for ; i < len(plan.Rules) && plan.Rules[i] == r; i++ {
 			key, m := plan.Check.Keys[i], plan.Check.Meters[i]
 			fmt.Fprintf(out, "  key %s (slot %d)\n", key, algo.Slot(key))

@@ -103,3 +103,26 @@ func TestPolicyExplain(t *testing.T) {
 		t.Errorf("explain of an anonymous /items = %d:\n%s\nwant the key requirement", code, out)
 	}
 }
+
+// TestPolicyExplainOverride explains a request whose customer limit replaces the
+// default, and one an unlimited rule admits.
+func TestPolicyExplainOverride(t *testing.T) {
+	t.Parallel()
+	f := filepath.Join(t.TempDir(), "p.yaml")
+	os.WriteFile(f, []byte(`domain: d
+rules:
+  - {name: per-key, match: {api_key: "*"}, limits: [{algorithm: gcra, rate: 10/s}]}
+  - {name: acme, match: {api_key: k-acme}, replaces: [per-key], limits: [{algorithm: gcra, rate: 100/s}]}
+  - {name: internal, match: {api_key: k-internal}, unlimited: true, replaces: [per-key]}
+`), 0o600)
+	_, out := runPolicy(t, "explain", f, "api_key=k-acme")
+	for _, want := range []string{"rule per-key: applies, but acme replaces it", "rule acme: applies", "gcra 100/s"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("explain k-acme: output lacks %q:\n%s", want, out)
+		}
+	}
+	_, out = runPolicy(t, "explain", f, "api_key=k-internal")
+	if !strings.Contains(out, "rule internal: applies (unlimited: admits without a limit)") || !strings.Contains(out, "rule per-key: applies, but internal replaces it") {
+		t.Errorf("explain k-internal:\n%s\nwant internal unlimited and per-key replaced", out)
+	}
+}

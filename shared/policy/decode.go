@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -41,7 +42,7 @@ var (
 	breakerFields   = []string{"failures", "open_for"}
 	identityFields  = []string{"trusted_proxies", "ipv6_prefix"}
 	denyCacheFields = []string{"enabled", "max_entries"}
-	ruleFields      = []string{"name", "match", "limits", "shadow"}
+	ruleFields      = []string{"name", "match", "limits", "unlimited", "replaces", "shadow"}
 	limitFields     = []string{"algorithm", "rate", "burst", "bucket", "record"}
 )
 
@@ -628,9 +629,10 @@ func (d *decoder) rules(n *yaml.Node, path string, p *Policy) {
 		return
 	}
 	first := make(map[string]int, len(n.Content))
+	replaces := map[*Rule][]*yaml.Node{}
 	for i, rn := range n.Content {
 		rp := fmt.Sprintf("%s[%d]", path, i)
-		r, nameNode := d.rule(rn, rp, p.ShardBy)
+		r, nameNode := d.rule(rn, rp, p.ShardBy, replaces)
 		if r == nil {
 			if d.over {
 				return
@@ -646,11 +648,67 @@ func (d *decoder) rules(n *yaml.Node, path string, p *Policy) {
 		}
 		p.Rules = append(p.Rules, r)
 	}
+	d.replacements(p.Rules, path, replaces)
+}
+
+// replacements checks that every rule a rule replaces exists and is not the rule
+// itself, and that no rules replace each other in a cycle; then it links each rule
+// to the rules that replace it (Rule.replacedBy).
+func (d *decoder) replacements(rules []*Rule, path string, nodes map[*Rule][]*yaml.Node) {
+	byName := map[string]int{}
+	for i, r := range rules {
+		if _, dup := byName[r.Name]; !dup && r.Name != "" {
+			byName[r.Name] = i
+		}
+	}
+	ok := true
+	for i, r := range rules {
+		for j, name := range r.Replaces {
+			rp := fmt.Sprintf("%s[%d].replaces[%d]", path, i, j)
+			k, found := byName[name]
+			switch {
+			case name == r.Name:
+				d.add(nodes[r][j], rp, "a rule cannot replace itself; name another rule")
+				ok = false
+			case !found:
+				d.addf(nodes[r][j], rp, "%s: no rule has this name%s", quote(name), suggest(name, slices.Collect(maps.Keys(byName))))
+				ok = false
+			default:
+				rules[k].replacedBy = append(rules[k].replacedBy, r)
+			}
+		}
+	}
+	if !ok {
+		return
+	}
+	// A cycle (a replaces b, b replaces a) would make each drop the other.
+	state := make([]int8, len(rules)) // 0 unseen, 1 on the path, 2 done
+	var visit func(i int) bool
+	visit = func(i int) bool {
+		state[i] = 1
+		for _, name := range rules[i].Replaces {
+			k := byName[name]
+			if state[k] == 1 || state[k] == 0 && !visit(k) {
+				return false
+			}
+		}
+		state[i] = 2
+		return true
+	}
+	for i, r := range rules {
+		if state[i] == 0 && !visit(i) {
+			d.addf(nodes[r][0], fmt.Sprintf("%s[%d].replaces", path, i), "rules replace each other in a cycle through %s; a rule may replace another only one way", quote(r.Name))
+			for k := range rules {
+				rules[k].replacedBy = nil
+			}
+			return
+		}
+	}
 }
 
 // rule decodes one rule. It returns nil only if n is not a mapping; a rule with
 // problems is still returned, so that later checks see its name and match.
-func (d *decoder) rule(n *yaml.Node, path, shardBy string) (*Rule, *yaml.Node) {
+func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]*yaml.Node) (*Rule, *yaml.Node) {
 	if n = d.node(n); n == nil {
 		return nil, nil
 	}
@@ -677,6 +735,37 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string) (*Rule, *yaml.Node) {
 		if b, ok := d.boolean(v, path+".shadow"); ok {
 			r.Shadow = b
 		}
+	}
+	if v := d.optional(f, "replaces"); v != nil {
+		if v.Kind != yaml.SequenceNode {
+			d.add(v, path+".replaces", "want a list of rule names, e.g. replaces: [per-key], got "+kindOf(v))
+		} else {
+			for j, e := range v.Content {
+				if e = d.node(e); e == nil {
+					break
+				}
+				if name, ok := d.str(e, fmt.Sprintf("%s.replaces[%d]", path, j), "a rule name"); ok {
+					r.Replaces = append(r.Replaces, name)
+					replaces[r] = append(replaces[r], e)
+				}
+			}
+		}
+	}
+	unlimitedNode := d.optional(f, "unlimited")
+	if unlimitedNode != nil {
+		if b, ok := d.boolean(unlimitedNode, path+".unlimited"); ok {
+			r.Unlimited = b
+		}
+	}
+	if r.Unlimited {
+		if v := d.optional(f, "limits"); v != nil {
+			d.add(v, path+".limits", "an unlimited rule has no limits; remove limits, or unlimited")
+		}
+		if r.Shadow {
+			d.add(unlimitedNode, path+".unlimited", "an unlimited rule limits nothing to shadow; remove shadow, or unlimited")
+		}
+		r.compile(shardBy)
+		return r, nameNode
 	}
 	ok := true
 	var limitNodes []*yaml.Node

@@ -80,6 +80,17 @@ func (r *Rule) mismatch(attrs map[string]string, skip string) string {
 	return ""
 }
 
+// ReplacedBy returns the name of a rule that applies to attrs and replaces this
+// one, or "".
+func (r *Rule) ReplacedBy(attrs map[string]string) string {
+	for _, by := range r.replacedBy {
+		if by.applies(attrs, "") {
+			return by.Name
+		}
+	}
+	return ""
+}
+
 // WhyNot says why the rule does not apply to a request with attrs ("" when it
 // does): the first attribute it names that the request lacks or has another value of.
 func (r *Rule) WhyNot(attrs map[string]string) string {
@@ -95,6 +106,20 @@ func (r *Rule) WhyNot(attrs map[string]string) string {
 		return fmt.Sprintf("%s is %q; the rule wants %s", a, v, want)
 	}
 	return fmt.Sprintf("no %s; the rule wants %s", a, want)
+}
+
+// in reports whether the rule takes part in deciding a request with attrs: it
+// applies, and no rule that replaces it applies.
+func (r *Rule) in(attrs map[string]string) bool {
+	if !r.applies(attrs, "") {
+		return false
+	}
+	for _, by := range r.replacedBy {
+		if by.applies(attrs, "") {
+			return false
+		}
+	}
+	return true
 }
 
 // Match returns, in rule order, every rule that applies to a request with the given
@@ -117,7 +142,7 @@ func (p *Policy) Match(attrs map[string]string) []Match { return p.AppendMatch(n
 func (p *Policy) AppendMatch(dst []Match, attrs map[string]string) []Match {
 	n, nkeys, nrec := 0, 0, 0
 	for _, r := range p.Rules {
-		if r.applies(attrs, "") {
+		if r.in(attrs) {
 			n++
 			nkeys += len(r.Meters)
 			if r.recording {
@@ -140,7 +165,7 @@ func (p *Policy) AppendMatch(dst []Match, attrs map[string]string) []Match {
 	}
 	var buf [8]string
 	for _, r := range p.Rules {
-		if !r.applies(attrs, "") {
+		if !r.in(attrs) {
 			continue
 		}
 		esc := buf[:0]

@@ -296,3 +296,40 @@ func TestScale(t *testing.T) {
 		})
 	}
 }
+
+// TestMatchOverrides checks replaces and unlimited: a rule that applies takes the
+// place of the rules it replaces, an unlimited one matches without a limit, and a
+// rule that does not apply replaces nothing.
+func TestMatchOverrides(t *testing.T) {
+	t.Parallel()
+	p := mustParse(t, `domain: d
+rules:
+  - {name: per-key, match: {api_key: "*"}, limits: [{algorithm: gcra, rate: 10/s}]}
+  - {name: per-ip, match: {remote_address: "*"}, limits: [{algorithm: gcra, rate: 50/s}]}
+  - {name: acme, match: {api_key: k-acme}, replaces: [per-key], limits: [{algorithm: gcra, rate: 1000/s}]}
+  - {name: internal, match: {api_key: k-internal}, unlimited: true, replaces: [per-key, per-ip]}
+`)
+	tests := []struct {
+		attrs  map[string]string
+		rules  []string
+		meters int
+	}{
+		{map[string]string{"api_key": "k-1", "remote_address": "192.0.2.1"}, []string{"per-key", "per-ip"}, 2},
+		{map[string]string{"api_key": "k-acme", "remote_address": "192.0.2.1"}, []string{"per-ip", "acme"}, 2},
+		{map[string]string{"api_key": "k-internal", "remote_address": "192.0.2.1"}, []string{"internal"}, 0},
+		{map[string]string{"remote_address": "192.0.2.1"}, []string{"per-ip"}, 1},
+	}
+	for _, tt := range tests {
+		ms := p.Match(tt.attrs)
+		meters := 0
+		for _, m := range ms {
+			meters += len(m.Meters)
+		}
+		if got := ruleNames(ms); !reflect.DeepEqual(got, tt.rules) || meters != tt.meters {
+			t.Errorf("Match(%v) = %q with %d meters, want %q with %d", tt.attrs, got, meters, tt.rules, tt.meters)
+		}
+	}
+	if p.KeyRequired(map[string]string{"remote_address": "192.0.2.1"}, p.Match(map[string]string{"remote_address": "192.0.2.1"})) {
+		t.Error("KeyRequired for a request per-ip limits = true, want false")
+	}
+}

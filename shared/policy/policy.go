@@ -127,6 +127,14 @@ type Rule struct {
 	Match map[string]string
 	// Shadow rules are decided and reported but never deny.
 	Shadow bool
+	// Unlimited rules limit nothing: a request they match is admitted by them (an
+	// allow list), and with Replaces they lift other rules' limits.
+	Unlimited bool
+	// Replaces names rules this rule takes the place of: when this rule applies to
+	// a request, the rules it replaces do not (a customer's own limit instead of the
+	// default one). A rule cannot replace itself, and rules cannot replace each other
+	// in a cycle.
+	Replaces []string
 	// Limits as written in the policy.
 	Limits []algo.Limit
 	// Records holds, per limit, the name of the attribute whose value is kept with
@@ -141,6 +149,7 @@ type Rule struct {
 	sharded     bool     // Match names the policy's ShardBy attribute
 	meterRecord []string // per meter, the attribute to record, or ""
 	meterIDs    []string // per meter, its name in keys (algo.MeterID)
+	replacedBy  []*Rule  // the rules whose Replaces name this one
 	recording   bool     // some meter records
 }
 

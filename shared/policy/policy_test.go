@@ -213,6 +213,16 @@ func TestValidation(t *testing.T) {
 		in   string
 		want []string
 	}{
+		{"replaces an unknown rule", "domain: d\nrules:\n- {name: per-key, limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: acme, replaces: [per-kye], limits: [{algorithm: gcra, rate: 9/s}]}\n",
+			[]string{`rules[1].replaces[0]: "per-kye": no rule has this name; did you mean "per-key"?`}},
+		{"replaces itself", "domain: d\nrules:\n- {name: a, replaces: [a], limits: [{algorithm: gcra, rate: 1/s}]}\n",
+			[]string{"rules[0].replaces[0]: a rule cannot replace itself; name another rule"}},
+		{"replaces in a cycle", "domain: d\nrules:\n- {name: a, replaces: [b], limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: b, replaces: [c], limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: c, replaces: [a], limits: [{algorithm: gcra, rate: 1/s}]}\n",
+			[]string{`rules[0].replaces: rules replace each other in a cycle through "a"; a rule may replace another only one way`}},
+		{"replaces not a list", "domain: d\nrules:\n- {name: a, limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: b, replaces: a, limits: [{algorithm: gcra, rate: 1/s}]}\n",
+			[]string{`rules[1].replaces: want a list of rule names, e.g. replaces: [per-key], got the string "a"`}},
+		{"unlimited with limits", "domain: d\nrules:\n- {name: a, unlimited: true, shadow: true, limits: [{algorithm: gcra, rate: 1/s}]}\n",
+			[]string{"rules[0].unlimited: an unlimited rule limits nothing to shadow; remove shadow, or unlimited", "rules[0].limits: an unlimited rule has no limits; remove limits, or unlimited"}},
 		{"unknown top-level field", "domain: d\ncolour: red\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
 			[]string{"colour: unknown field; known fields: domain, prefix, shard_by, failure, identity, deny_cache, rules"}},
 		{"unknown limit field", rule("{algorithm: gcra, rate: 1/s, colour: red}"),
@@ -225,7 +235,7 @@ func TestValidation(t *testing.T) {
 				"failure.breaker.fails: unknown field; known fields: failures, open_for",
 				"identity.proxies: unknown field; known fields: trusted_proxies, ipv6_prefix",
 				"deny_cache.size: unknown field; known fields: enabled, max_entries",
-				"rules[0].when: unknown field; known fields: name, match, limits, shadow",
+				"rules[0].when: unknown field; known fields: name, match, limits, unlimited, replaces, shadow",
 				"rules[0].limits[0].cost: unknown field; known fields: algorithm, rate, burst, bucket, record",
 			}},
 		{"repeated field", "domain: d\ndomain: e\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
