@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/tollgate-dev/tollgate/shared/engine"
@@ -93,5 +94,63 @@ rules:
 				t.Errorf("per-key's remaining for k-acme = %d, %v, want 5: the replaced limit was charged", v.Decision.Remaining, err)
 			}
 		})
+	}
+}
+
+// TestTemplateKeysStayBounded decides requests for a hundred concrete paths of one
+// route template and two methods of a list on a real redis-server: they share one
+// limit per key, and Redis holds one key per rule and client, not one per path.
+func TestTemplateKeysStayBounded(t *testing.T) {
+	t.Parallel()
+	p, err := policy.Parse([]byte(`domain: d
+rules:
+  - {name: orders, match: {api_key: "*", path: "/users/{id}/orders"}, limits: [{algorithm: fixed_window, rate: 5/h}]}
+  - {name: writes, match: {api_key: "*", method: [POST, PUT]}, limits: [{algorithm: fixed_window, rate: 3/h}]}
+  - {name: not-admin, match: {api_key: "*", path: "!/admin/*", ua: "~^curl/"}, limits: [{algorithm: fixed_window, rate: 2/h}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := redistest.StartServer(t)
+	st, err := redisstore.Open(redisstore.Config{URL: "redis://" + srv.Addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	eng, err := engine.New(engine.Config{Policy: p, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted := func(attrs func(i int) map[string]string) int {
+		n := 0
+		for i := range 100 {
+			v, err := eng.Check(context.Background(), engine.Request{Domain: "d", Attributes: attrs(i), Cost: 1})
+			if err != nil || v.Degraded {
+				t.Fatalf("Check = %+v, %v", v, err)
+			}
+			if v.Allowed {
+				n++
+			}
+		}
+		return n
+	}
+	orders := admitted(func(i int) map[string]string {
+		return map[string]string{"api_key": "k1", "path": fmt.Sprintf("/users/%d/orders", i)}
+	})
+	writes := admitted(func(i int) map[string]string {
+		return map[string]string{"api_key": "k1", "method": []string{"POST", "PUT"}[i%2], "path": "/x"}
+	})
+	curl := admitted(func(i int) map[string]string {
+		return map[string]string{"api_key": "k1", "path": fmt.Sprintf("/items/%d", i), "ua": "curl/8." + fmt.Sprint(i)}
+	})
+	if orders != 5 || writes != 3 || curl != 2 {
+		t.Errorf("admitted of 100: orders %d, writes %d, curl off /admin %d; want 5, 3 and 2 (one limit each)", orders, writes, curl)
+	}
+	keys, err := srv.Client(t).Keys(context.Background(), "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 3 {
+		t.Errorf("Redis keys after 300 requests over 200 distinct paths = %d (%q), want 3: one per rule", len(keys), keys)
 	}
 }

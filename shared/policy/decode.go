@@ -716,7 +716,7 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 	if f == nil {
 		return nil, nil
 	}
-	r := &Rule{Match: map[string]string{}}
+	r := &Rule{Match: map[string]*Matcher{}}
 	var nameNode *yaml.Node
 	if v, ok := d.required(f, n, path, "name", "give the rule a name, e.g. name: per-key"); ok {
 		nameNode = v
@@ -804,6 +804,9 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 	return r, nameNode
 }
 
+// errSkip marks a problem already reported.
+var errSkip = errors.New("reported")
+
 // match decodes a rule's match mapping into r.Match.
 func (d *decoder) match(n *yaml.Node, path string, r *Rule) {
 	if n.Kind != yaml.MappingNode {
@@ -830,15 +833,38 @@ func (d *decoder) match(n *yaml.Node, path string, r *Rule) {
 			continue
 		}
 		lines[k.Value] = k.Line
-		if v.Kind != yaml.ScalarNode || isNull(v) {
-			d.add(v, ap, `want a value to match, or "*" for any value, got `+kindOf(v))
+		var m Matcher
+		var err error
+		switch {
+		case v.Kind == yaml.SequenceNode:
+			values := make([]string, 0, len(v.Content))
+			for _, e := range v.Content {
+				if e = d.node(e); e == nil {
+					return
+				}
+				if e.Kind != yaml.ScalarNode || isNull(e) {
+					d.add(e, ap, "want a list of values, got an element that is "+kindOf(e))
+					err = errSkip
+					break
+				}
+				values = append(values, e.Value)
+			}
+			if err == nil {
+				m, err = listMatcher(values)
+			}
+		case v.Kind != yaml.ScalarNode || isNull(v):
+			d.add(v, ap, `want a value to match, "*" for any value, or a list of values, got `+kindOf(v))
+			continue
+		default:
+			m, err = parseMatcher(v.Value)
+		}
+		if err != nil {
+			if err != errSkip {
+				d.add(v, ap, err.Error())
+			}
 			continue
 		}
-		if v.Value == "" {
-			d.add(v, ap, `the value is empty; write the value to match, or "*" for any value`)
-			continue
-		}
-		r.Match[k.Value] = v.Value
+		r.Match[k.Value] = &m
 	}
 }
 

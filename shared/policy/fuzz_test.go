@@ -47,7 +47,7 @@ func FuzzParse(f *testing.F) {
 				}
 			}
 			for a, v := range r.Match {
-				exact[a] = v
+				exact[a] = v.Text
 			}
 		}
 		for _, attrs := range []map[string]string{exact, wild} {

@@ -73,7 +73,7 @@ func (r *Rule) mismatch(attrs map[string]string, skip string) string {
 		if !ok {
 			return a
 		}
-		if want := r.Match[a]; want != "*" && v != want {
+		if !r.Match[a].Matches(v) {
 			return a
 		}
 	}
@@ -98,8 +98,8 @@ func (r *Rule) WhyNot(attrs map[string]string) string {
 	if a == "" {
 		return ""
 	}
-	want := strconv.Quote(r.Match[a])
-	if r.Match[a] == "*" {
+	want := strconv.Quote(r.Match[a].Text)
+	if r.Match[a].any {
 		want = "any value"
 	}
 	if v, ok := attrs[a]; ok {
@@ -124,14 +124,16 @@ func (r *Rule) in(attrs map[string]string) bool {
 
 // Match returns, in rule order, every rule that applies to a request with the given
 // attributes, with the keys and meters to decide. A rule applies when each attribute
-// it names is present in attrs and has the value it wants, any value for "*". (A rule
-// cannot match the literal value "*".)
+// it names is present in attrs and its Matcher matches the value, and no rule that
+// replaces it applies.
 //
 // Keys follow algo.Key. For a rule that matches on the policy's ShardBy attribute, the
 // hash tag is that attribute's escaped value and the identity the escaped values of the
 // rule's other attributes, sorted by name and joined with ':'; all such keys of one
 // client share one Redis Cluster slot. For any other rule the hash tag is the rule's
 // name, ':' and the escaped values of all its attributes, and the identity is empty.
+// A value is the request's own for "*", and the matcher's text for every other
+// matcher (Matcher.keyValue).
 //
 // Match returns nil if no rule applies.
 func (p *Policy) Match(attrs map[string]string) []Match { return p.AppendMatch(nil, attrs) }
@@ -171,7 +173,7 @@ func (p *Policy) AppendMatch(dst []Match, attrs map[string]string) []Match {
 		esc := buf[:0]
 		shard := -1
 		for i, a := range r.attrs {
-			esc = append(esc, algo.Escape(attrs[a]))
+			esc = append(esc, r.Match[a].keyValue(attrs[a]))
 			if r.sharded && a == p.ShardBy {
 				shard = i
 			}

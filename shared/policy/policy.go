@@ -122,9 +122,9 @@ type Rule struct {
 	// Name is unique in the policy and appears in keys and headers:
 	// ^[a-z0-9][a-z0-9_.-]{0,62}$.
 	Name string
-	// Match maps attribute names to the value they must have, or "*" for any value
-	// (one limit per distinct value). An empty Match applies to every request.
-	Match map[string]string
+	// Match maps attribute names to what the rule wants of them (see Matcher). An
+	// empty Match applies to every request.
+	Match map[string]*Matcher
 	// Shadow rules are decided and reported but never deny.
 	Shadow bool
 	// Unlimited rules limit nothing: a request they match is admitted by them (an

@@ -71,9 +71,9 @@ func TestLoadShipped(t *testing.T) {
 	}
 	for i, w := range want {
 		r := p.Rules[i]
-		if r.Name != w.name || !reflect.DeepEqual(r.Match, w.match) || r.Shadow != w.shadow || !reflect.DeepEqual(r.Records, w.records) {
+		if r.Name != w.name || !reflect.DeepEqual(r.MatchText(), w.match) || r.Shadow != w.shadow || !reflect.DeepEqual(r.Records, w.records) {
 			t.Errorf("Load(%q).Rules[%d] = %s %v shadow %v records %q, want %s %v shadow %v records %q",
-				shipped, i, r.Name, r.Match, r.Shadow, r.Records, w.name, w.match, w.shadow, w.records)
+				shipped, i, r.Name, r.MatchText(), r.Shadow, r.Records, w.name, w.match, w.shadow, w.records)
 		}
 		if !reflect.DeepEqual(r.Meters, w.meters) {
 			t.Errorf("Load(%q).Rules[%d].Meters = %v, want %v", shipped, i, r.Meters, w.meters)
@@ -158,8 +158,8 @@ rules:
 		t.Errorf("Parse() = %+v, want %+v", *p, want)
 	}
 	r := p.Rules[0]
-	if want := map[string]string{"x-tenant": "acme", "port": "443"}; !reflect.DeepEqual(r.Match, want) {
-		t.Errorf("Parse() match = %v, want %v", r.Match, want)
+	if want := map[string]string{"x-tenant": "acme", "port": "443"}; !reflect.DeepEqual(r.MatchText(), want) {
+		t.Errorf("Parse() match = %v, want %v", r.MatchText(), want)
 	}
 	tb := algo.Limit{Algorithm: algo.TokenBucket, Count: 10, Period: time.Second}
 	tb5 := tb
@@ -298,12 +298,12 @@ func TestValidation(t *testing.T) {
 			[]string{"rules[0].name: missing; give the rule a name, e.g. name: per-key"}},
 		{"bad rule name", "domain: d\nrules: [{name: Per Key, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
 			[]string{`rules[0].name: "Per Key": ` + nameRule}},
-		{"bad match", "domain: d\nrules: [{name: r, match: {X-Tenant: a, path: '', user: ~, ip: [1]}, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+		{"bad match", "domain: d\nrules: [{name: r, match: {X-Tenant: a, path: '', user: ~, ip: [1, {a: b}]}, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
 			[]string{
 				`rules[0].match.X-Tenant: "X-Tenant": ` + attrRule,
 				`rules[0].match.path: the value is empty; write the value to match, or "*" for any value`,
-				`rules[0].match.user: want a value to match, or "*" for any value, got nothing (null)`,
-				`rules[0].match.ip: want a value to match, or "*" for any value, got a list`,
+				`rules[0].match.user: want a value to match, "*" for any value, or a list of values, got nothing (null)`,
+				"rules[0].match.ip: want a list of values, got an element that is a mapping",
 			}},
 		{"bad failure mode", "domain: d\nfailure: {mode: opne}\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
 			[]string{`failure.mode: "opne": unknown failure mode; use open, closed or local`}},
