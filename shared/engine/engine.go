@@ -360,6 +360,7 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 		return Plan{}, err
 	}
 	attrs := r.Attributes
+	cloned := false // attrs is the engine's own copy, not the caller's map
 	p := Plan{Domain: r.Domain, Check: algo.Check{Cost: r.Cost}, cur: cur}
 	if ra, ok := attrs[RemoteAddress]; ok {
 		p.Client, p.AddressFellBack = identity.Address(ra, attrs[ForwardedFor], pol.Identity)
@@ -369,6 +370,24 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 		if p.Client != ra {
 			attrs = maps.Clone(attrs)
 			attrs[RemoteAddress] = p.Client
+			cloned = true
+		}
+	}
+	if pl := pol.Plans; pl != nil {
+		plan := pl.Plan(attrs[pl.From])
+		// Only the table says a key's plan: a value the request carried goes.
+		if have, has := attrs[pl.Attribute]; have != plan || has && plan == "" {
+			if !cloned {
+				attrs = maps.Clone(attrs)
+				if attrs == nil {
+					attrs = map[string]string{}
+				}
+			}
+			if plan == "" {
+				delete(attrs, pl.Attribute)
+			} else {
+				attrs[pl.Attribute] = plan
+			}
 		}
 	}
 	p.Attributes = attrs

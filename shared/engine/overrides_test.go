@@ -2,9 +2,11 @@ package engine_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"testing"
 
+	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/policy"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
@@ -152,5 +154,105 @@ rules:
 	}
 	if len(keys) != 3 {
 		t.Errorf("Redis keys after 300 requests over 200 distinct paths = %d (%q), want 3: one per rule", len(keys), keys)
+	}
+}
+
+// TestPlans chooses limits by plan on a real redis-server: from the policy's table of
+// keys (one by its SHA-256, one as it is), with a default plan for other keys, and
+// never from a plan the request claims for itself.
+func TestPlans(t *testing.T) {
+	t.Parallel()
+	sum := sha256.Sum256([]byte("k-pro-secret"))
+	p, err := policy.Parse(fmt.Appendf(nil, `domain: d
+plans:
+  default: free
+  keys:
+    "sha256:%x": pro
+    k-team: team
+rules:
+  - {name: free, match: {api_key: "*", plan: free}, limits: [{algorithm: fixed_window, rate: 2/h}]}
+  - {name: pro, match: {api_key: "*", plan: pro}, limits: [{algorithm: fixed_window, rate: 20/h}]}
+  - {name: team, match: {api_key: "*", plan: team}, limits: [{algorithm: fixed_window, rate: 7/h}]}
+`, sum))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := redistest.StartServer(t)
+	st, err := redisstore.Open(redisstore.Config{URL: "redis://" + srv.Addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	eng, err := engine.New(engine.Config{Policy: p, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		attrs map[string]string
+		rule  string
+		want  int
+	}{
+		{map[string]string{"api_key": "k-pro-secret"}, "pro", 20},
+		{map[string]string{"api_key": algo.HashValue("k-pro-secret-2")}, "free", 2}, // hashed by a front door, not in the table
+		{map[string]string{"api_key": "k-team"}, "team", 7},
+		{map[string]string{"api_key": "k-nobody", "plan": "pro"}, "free", 2}, // a claimed plan does not count
+	} {
+		n := 0
+		for range 50 {
+			v, err := eng.Check(context.Background(), engine.Request{Domain: "d", Attributes: c.attrs, Cost: 1})
+			if err != nil || v.Degraded {
+				t.Fatalf("Check(%v) = %+v, %v", c.attrs, v, err)
+			}
+			if v.Rule != c.rule {
+				t.Fatalf("Check(%v) decided by %q, want %q", c.attrs, v.Rule, c.rule)
+			}
+			if v.Allowed {
+				n++
+			}
+		}
+		if n != c.want {
+			t.Errorf("%v: %d of 50 admitted, want %d", c.attrs, n, c.want)
+		}
+	}
+	if hashed := eng.Policy().Plans.Plan(algo.HashValue("k-pro-secret")); hashed != "pro" {
+		t.Errorf("Plan(a front door's hash of the pro key) = %q, want pro", hashed)
+	}
+}
+
+// TestPlanFromHeader chooses limits by a plan header an upstream authenticator sets
+// (the policy has no table, so the header's value is used as it is).
+func TestPlanFromHeader(t *testing.T) {
+	t.Parallel()
+	p, err := policy.Parse([]byte(`domain: d
+rules:
+  - {name: free, match: {api_key: "*", x-plan: free}, limits: [{algorithm: fixed_window, rate: 2/h}]}
+  - {name: pro, match: {api_key: "*", x-plan: pro}, limits: [{algorithm: fixed_window, rate: 9/h}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := redisstore.Open(redisstore.Config{URL: "redis://" + redistest.StartServer(t).Addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	eng, err := engine.New(engine.Config{Policy: p, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for plan, want := range map[string]int{"free": 2, "pro": 9} {
+		n := 0
+		for range 20 {
+			v, err := eng.Check(context.Background(), engine.Request{Domain: "d", Attributes: map[string]string{"api_key": "k-" + plan, "x-plan": plan}, Cost: 1})
+			if err != nil || v.Degraded {
+				t.Fatal(v, err)
+			}
+			if v.Allowed {
+				n++
+			}
+		}
+		if n != want {
+			t.Errorf("x-plan %s: %d of 20 admitted, want %d", plan, n, want)
+		}
 	}
 }

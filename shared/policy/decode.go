@@ -26,6 +26,8 @@ import (
 var (
 	nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 	attrRE = regexp.MustCompile(`^[a-z0-9_.-]{1,64}$`)
+	// sha256RE is a SHA-256 in hex, as sha256sum writes it.
+	sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 	// plainKeyRE is the form of a field name written into a path without quotes.
 	plainKeyRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 )
@@ -37,7 +39,8 @@ const (
 
 // The fields each mapping may hold, in the order error messages list them.
 var (
-	topFields       = []string{"domain", "prefix", "shard_by", "failure", "identity", "deny_cache", "rules"}
+	topFields       = []string{"domain", "prefix", "shard_by", "failure", "identity", "deny_cache", "plans", "rules"}
+	planFields      = []string{"attribute", "from", "default", "keys"}
 	failureFields   = []string{"mode", "timeout", "expected_instances", "breaker"}
 	breakerFields   = []string{"failures", "open_for"}
 	identityFields  = []string{"trusted_proxies", "ipv6_prefix"}
@@ -198,6 +201,9 @@ func (d *decoder) parse(data []byte) *Policy {
 	if n := d.optional(f, "deny_cache"); n != nil {
 		d.denyCache(n, "deny_cache", &p.DenyCache)
 	}
+	if n := d.optional(f, "plans"); n != nil {
+		p.Plans = d.plans(n, "plans")
+	}
 	if n, ok := d.required(f, root, "", "rules", "list the rules, each with a name, a match and limits"); ok {
 		d.rules(n, "rules", p)
 	}
@@ -215,6 +221,10 @@ func (d *decoder) parse(data []byte) *Policy {
 		}
 	}
 	p.attributes = attributes(p.Rules)
+	if p.Plans != nil && !slices.Contains(p.attributes, p.Plans.From) {
+		p.attributes = append(p.attributes, p.Plans.From)
+		slices.Sort(p.attributes)
+	}
 	return p
 }
 
@@ -616,6 +626,64 @@ func (d *decoder) denyCache(n *yaml.Node, path string, out *DenyCache) {
 			out.MaxEntries = int(i)
 		}
 	}
+}
+
+// plans decodes the table of API keys to plans.
+func (d *decoder) plans(n *yaml.Node, path string) *Plans {
+	f := d.mapping(n, path, planFields, "a mapping with keys (API key or sha256:HEX: plan), and optionally attribute, from and default")
+	if f == nil {
+		return nil
+	}
+	pl := &Plans{Attribute: DefaultPlanAttribute, From: APIKey, Keys: map[string]string{}}
+	for _, field := range []struct {
+		name string
+		dst  *string
+	}{{"attribute", &pl.Attribute}, {"from", &pl.From}} {
+		if v := d.optional(f, field.name); v != nil {
+			if s, ok := d.str(v, path+"."+field.name, "an attribute name"); ok {
+				if attrRE.MatchString(s) {
+					*field.dst = s
+				} else {
+					d.addf(v, path+"."+field.name, "%s: %s", quote(s), attrRule)
+				}
+			}
+		}
+	}
+	if v := d.optional(f, "default"); v != nil {
+		if s, ok := d.str(v, path+".default", "a plan name"); ok {
+			pl.Default = s
+		}
+	}
+	v, ok := d.required(f, n, path, "keys", "map keys to plans, e.g. keys: {\"sha256:9f86d081…\": pro}")
+	if !ok {
+		return pl
+	}
+	if v.Kind != yaml.MappingNode {
+		d.add(v, path+".keys", "want a mapping of API keys (or sha256:HEX of them) to plans, got "+kindOf(v))
+		return pl
+	}
+	for i := 0; i+1 < len(v.Content); i += 2 {
+		k, pv := d.node(v.Content[i]), d.node(v.Content[i+1])
+		if k == nil || pv == nil {
+			return pl
+		}
+		kp := join(path+".keys", k.Value)
+		key, kok := d.str(k, kp, "an API key or sha256:HEX")
+		plan, pok := d.str(pv, kp, "a plan name")
+		if !kok || !pok {
+			continue
+		}
+		if hex, hashed := strings.CutPrefix(key, "sha256:"); hashed && !sha256RE.MatchString(hex) {
+			d.addf(k, kp, "%s: want sha256: and 64 lower-case hex digits (sha256sum of the key)", quote(key))
+			continue
+		}
+		if _, dup := pl.Keys[key]; dup {
+			d.add(k, kp, "appears twice; give each key one plan")
+			continue
+		}
+		pl.Keys[key] = plan
+	}
+	return pl
 }
 
 // rules decodes the rule list into p.Rules, and checks that names are unique.

@@ -11,6 +11,8 @@
 package policy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -97,6 +99,43 @@ type DenyCache struct {
 	MaxEntries int  // default 100000
 }
 
+// DefaultPlanAttribute is the attribute Plans fills unless it names another.
+const DefaultPlanAttribute = "plan"
+
+// Plans maps API keys to plans, so that rules can choose limits by plan
+// (match: {plan: pro}). The table holds keys as they are or, so that the policy
+// holds no secret, as "sha256:" and the hex SHA-256 of the key.
+type Plans struct {
+	// Attribute is the attribute the plan goes in (default "plan"). A value the
+	// request carries for it is replaced: only the table says a key's plan.
+	Attribute string
+	// From is the attribute holding the key (default api_key). A value already
+	// hashed by a front door ("~" and the hex SHA-256, see algo.HashValue) is looked
+	// up by its hash.
+	From string
+	// Default is the plan of a key the table lacks; empty leaves such requests
+	// without the plan attribute.
+	Default string
+	// Keys maps keys, or "sha256:HEX", to plans.
+	Keys map[string]string
+}
+
+// Plan returns the plan of a request whose key attribute is key, or "".
+func (pl *Plans) Plan(key string) string {
+	if plan, ok := pl.Keys[key]; ok {
+		return plan
+	}
+	hexSum, hashed := strings.CutPrefix(key, "~")
+	if !hashed || len(hexSum) != 64 {
+		sum := sha256.Sum256([]byte(key))
+		hexSum = hex.EncodeToString(sum[:])
+	}
+	if plan, ok := pl.Keys["sha256:"+hexSum]; ok {
+		return plan
+	}
+	return pl.Default
+}
+
 // A Policy is a parsed, valid policy. Build it with Parse or Load; it must not be
 // modified afterwards.
 type Policy struct {
@@ -111,6 +150,8 @@ type Policy struct {
 	Failure   Failure
 	Identity  Identity
 	DenyCache DenyCache
+	// Plans, if set, fills a plan attribute from a table of API keys.
+	Plans *Plans
 	// Rules in the order of the policy file, which is the order of Match's results.
 	Rules []*Rule
 

@@ -213,6 +213,10 @@ func TestValidation(t *testing.T) {
 		in   string
 		want []string
 	}{
+		{"bad plans", "domain: d\nplans: {attribute: Plan, keys: {\"sha256:abc\": pro, k1: free, k1: pro}}\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{`plans.attribute: "Plan": ` + attrRule, `plans.keys."sha256:abc": "sha256:abc": want sha256: and 64 lower-case hex digits (sha256sum of the key)`, "plans.keys.k1: appears twice; give each key one plan"}},
+		{"plans without keys", "domain: d\nplans: {default: free}\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{`plans.keys: missing; map keys to plans, e.g. keys: {"sha256:9f86d081…": pro}`}},
 		{"replaces an unknown rule", "domain: d\nrules:\n- {name: per-key, limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: acme, replaces: [per-kye], limits: [{algorithm: gcra, rate: 9/s}]}\n",
 			[]string{`rules[1].replaces[0]: "per-kye": no rule has this name; did you mean "per-key"?`}},
 		{"replaces itself", "domain: d\nrules:\n- {name: a, replaces: [a], limits: [{algorithm: gcra, rate: 1/s}]}\n",
@@ -224,7 +228,7 @@ func TestValidation(t *testing.T) {
 		{"unlimited with limits", "domain: d\nrules:\n- {name: a, unlimited: true, shadow: true, limits: [{algorithm: gcra, rate: 1/s}]}\n",
 			[]string{"rules[0].unlimited: an unlimited rule limits nothing to shadow; remove shadow, or unlimited", "rules[0].limits: an unlimited rule has no limits; remove limits, or unlimited"}},
 		{"unknown top-level field", "domain: d\ncolour: red\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
-			[]string{"colour: unknown field; known fields: domain, prefix, shard_by, failure, identity, deny_cache, rules"}},
+			[]string{"colour: unknown field; known fields: domain, prefix, shard_by, failure, identity, deny_cache, plans, rules"}},
 		{"unknown limit field", rule("{algorithm: gcra, rate: 1/s, colour: red}"),
 			[]string{"rules[0].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record"}},
 		{"misspelt field", rule("{algorithm: gcra, rate: 1/s, brust: 3}"),
