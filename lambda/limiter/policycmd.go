@@ -127,6 +127,13 @@ func explain(ctx context.Context, args []string, out io.Writer) error {
 		}
 		fmt.Fprintln(out)
 	}
+	if pl := p.Plans; pl != nil {
+		if plan := plan.Attributes[pl.Attribute]; plan != "" {
+			fmt.Fprintf(out, "%s: %s (from the policy's plans, by %s)\n", pl.Attribute, plan, pl.From)
+		} else {
+			fmt.Fprintf(out, "no %s: %s is not in the policy's plans, which set no default\n", pl.Attribute, pl.From)
+		}
+	}
 	var v engine.Verdict
 	if *url != "" {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)

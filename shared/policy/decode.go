@@ -221,9 +221,13 @@ func (d *decoder) parse(data []byte) *Policy {
 		}
 	}
 	p.attributes = attributes(p.Rules)
-	if p.Plans != nil && !slices.Contains(p.attributes, p.Plans.From) {
-		p.attributes = append(p.attributes, p.Plans.From)
-		slices.Sort(p.attributes)
+	if pl := p.Plans; pl != nil {
+		// Front doors collect the key the table reads, never the plan it fills.
+		p.attributes = slices.DeleteFunc(p.attributes, func(a string) bool { return a == pl.Attribute })
+		if !slices.Contains(p.attributes, pl.From) {
+			p.attributes = append(p.attributes, pl.From)
+			slices.Sort(p.attributes)
+		}
 	}
 	return p
 }

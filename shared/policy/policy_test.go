@@ -43,6 +43,9 @@ func TestLoadShipped(t *testing.T) {
 	login := algo.Limit{Algorithm: algo.SlidingLog, Count: 5, Period: time.Minute}
 	search := algo.Limit{Algorithm: algo.TokenBucket, Count: 1000, Period: time.Second, Burst: 2000}
 	upload := algo.Limit{Algorithm: algo.LeakyBucket, Count: 10, Period: time.Second, Burst: 20}
+	proRate := algo.Limit{Algorithm: algo.GCRA, Count: 1000, Period: time.Second, Burst: 2000}
+	proDaily := algo.Limit{Algorithm: algo.FixedWindow, Count: 1000000, Period: 24 * time.Hour}
+	orders := algo.Limit{Algorithm: algo.GCRA, Count: 20, Period: time.Second}
 	ring := []algo.Limit{
 		{Algorithm: algo.BucketRing, Count: 1000, Period: time.Second},
 		{Algorithm: algo.BucketRing, Count: 5000, Period: 10 * time.Second},
@@ -65,6 +68,16 @@ func TestLoadShipped(t *testing.T) {
 			[]algo.Meter{{Limits: []algo.Limit{upload}}}},
 		{"ip-tiers", map[string]string{"remote_address": "*"}, true, []string{"", "", ""},
 			[]algo.Meter{{Limits: ring, Shadow: true}}},
+		{"pro", map[string]string{"api_key": "*", "plan": "pro"}, false, []string{"", ""},
+			[]algo.Meter{{Limits: []algo.Limit{proRate}}, {Limits: []algo.Limit{proDaily}}}},
+		{"orders", map[string]string{"api_key": "*", "path": "/users/{id}/orders"}, false, []string{""},
+			[]algo.Meter{{Limits: []algo.Limit{orders}}}},
+	}
+	if p.Plans == nil || p.Plans.Default != "free" || p.Plans.Plan("k-pro-example") != "pro" || p.Plans.Plan("k-other") != "free" {
+		t.Errorf("Load(%q).Plans = %+v, want k-pro-example on pro and the rest on free", shipped, p.Plans)
+	}
+	if got := p.Rules[5].Replaces; !reflect.DeepEqual(got, []string{"per-key"}) {
+		t.Errorf("Load(%q): pro replaces %q, want per-key", shipped, got)
 	}
 	if len(p.Rules) != len(want) {
 		t.Fatalf("Load(%q) has %d rules, want %d", shipped, len(p.Rules), len(want))
