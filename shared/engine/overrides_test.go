@@ -13,6 +13,26 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 )
 
+// redisEngine returns an engine for the policy doc on the Redis at url (a cluster's
+// when cluster is set), closed with the test.
+func redisEngine(t *testing.T, doc []byte, url string, cluster bool) *engine.Engine {
+	t.Helper()
+	p, err := policy.Parse(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	eng, err := engine.New(engine.Config{Policy: p, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return eng
+}
+
 // TestOverrideLiftsOneKey decides on a real redis-server, standalone and a 3-master
 // cluster, with a default of 5 per hour per key, an override of 50 for one
 // customer's key and an unlimited internal key: the customer gets 50 where every
@@ -104,25 +124,13 @@ rules:
 // limit per key, and Redis holds one key per rule and client, not one per path.
 func TestTemplateKeysStayBounded(t *testing.T) {
 	t.Parallel()
-	p, err := policy.Parse([]byte(`domain: d
+	srv := redistest.StartServer(t)
+	eng := redisEngine(t, []byte(`domain: d
 rules:
   - {name: orders, match: {api_key: "*", path: "/users/{id}/orders"}, limits: [{algorithm: fixed_window, rate: 5/h}]}
   - {name: writes, match: {api_key: "*", method: [POST, PUT]}, limits: [{algorithm: fixed_window, rate: 3/h}]}
   - {name: not-admin, match: {api_key: "*", path: "!/admin/*", ua: "~^curl/"}, limits: [{algorithm: fixed_window, rate: 2/h}]}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := redistest.StartServer(t)
-	st, err := redisstore.Open(redisstore.Config{URL: "redis://" + srv.Addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	eng, err := engine.New(engine.Config{Policy: p, Store: st})
-	if err != nil {
-		t.Fatal(err)
-	}
+`), "redis://"+srv.Addr, false)
 	admitted := func(attrs func(i int) map[string]string) int {
 		n := 0
 		for i := range 100 {
@@ -163,7 +171,7 @@ rules:
 func TestPlans(t *testing.T) {
 	t.Parallel()
 	sum := sha256.Sum256([]byte("k-pro-secret"))
-	p, err := policy.Parse(fmt.Appendf(nil, `domain: d
+	eng := redisEngine(t, fmt.Appendf(nil, `domain: d
 plans:
   default: free
   keys:
@@ -173,20 +181,7 @@ rules:
   - {name: free, match: {api_key: "*", plan: free}, limits: [{algorithm: fixed_window, rate: 2/h}]}
   - {name: pro, match: {api_key: "*", plan: pro}, limits: [{algorithm: fixed_window, rate: 20/h}]}
   - {name: team, match: {api_key: "*", plan: team}, limits: [{algorithm: fixed_window, rate: 7/h}]}
-`, sum))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := redistest.StartServer(t)
-	st, err := redisstore.Open(redisstore.Config{URL: "redis://" + srv.Addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	eng, err := engine.New(engine.Config{Policy: p, Store: st})
-	if err != nil {
-		t.Fatal(err)
-	}
+`, sum), "redis://"+redistest.StartServer(t).Addr, false)
 	for _, c := range []struct {
 		attrs map[string]string
 		rule  string
@@ -223,23 +218,11 @@ rules:
 // (the policy has no table, so the header's value is used as it is).
 func TestPlanFromHeader(t *testing.T) {
 	t.Parallel()
-	p, err := policy.Parse([]byte(`domain: d
+	eng := redisEngine(t, []byte(`domain: d
 rules:
   - {name: free, match: {api_key: "*", x-plan: free}, limits: [{algorithm: fixed_window, rate: 2/h}]}
   - {name: pro, match: {api_key: "*", x-plan: pro}, limits: [{algorithm: fixed_window, rate: 9/h}]}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := redisstore.Open(redisstore.Config{URL: "redis://" + redistest.StartServer(t).Addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	eng, err := engine.New(engine.Config{Policy: p, Store: st})
-	if err != nil {
-		t.Fatal(err)
-	}
+`), "redis://"+redistest.StartServer(t).Addr, false)
 	for plan, want := range map[string]int{"free": 2, "pro": 9} {
 		n := 0
 		for range 20 {
