@@ -6,19 +6,36 @@ package algo
 // clock runs a window behind), Records (recorded values of Window). In Redis: one
 // integer string per window, named KEY:w, written with INCRBY and PEXPIRE in one
 // script, plus KEY:w:r (a hash of recorded value -> units) when the meter records.
+//
+// A calendar window (Limit.In set WindowStartMicros and Period) is named by its start
+// instead of its index, KEY:c<start>; a now outside it is taken to its start or to the
+// window that follows it, of the same length, as the Lua script does.
 func fixedWindow(l Limit, s State, now, cost int64, record string) (State, Decision) {
-	p, n := micros(l.Period), l.Count
+	if l.Calendar.Unit != "" && l.WindowStartMicros == 0 {
+		l = l.In(now)
+	}
+	p, n, off := micros(l.Period), l.Count, l.WindowStartMicros
 	w := floorDiv(now, p)
+	if off != 0 {
+		w = off + max(0, floorDiv(now-off, p))*p // the window's start names it
+	}
+	prev := w - 1
+	if off != 0 {
+		prev = -1 // the previous calendar window's start is not known here
+	}
 	var used int64
 	if s.Set {
 		switch w {
 		case s.Window:
 			used = s.Count
-		case s.Window - 1:
+		case prev:
 			used = s.Prev
 		}
 	}
 	end := (w + 1) * p
+	if off != 0 {
+		end = w + p
+	}
 	d := Decision{Limit: n, Period: l.Period, ResetAfter: us(end - now)}
 	if used+cost > n {
 		d.Remaining = max(0, n-used)
@@ -40,13 +57,13 @@ func fixedWindow(l Limit, s State, now, cost int64, record string) (State, Decis
 		// A late request for an older window: charge it there, keep the newer one.
 		ns := s
 		ns.Records = copyRecords(s.Records)
-		if w == s.Window-1 {
+		if w == prev {
 			ns.Prev += cost
 		}
 		return ns, d
 	}
 	ns := State{Set: true, Window: w, Count: used + cost, Expires: end}
-	if s.Set && w == s.Window+1 {
+	if s.Set && off == 0 && w == s.Window+1 {
 		ns.Prev = s.Count
 	}
 	if record != "" {

@@ -86,6 +86,13 @@ func MeterID(i int, m Meter) string {
 	h := fnv.New32a()
 	for _, l := range m.Limits {
 		fmt.Fprintf(h, "%s/%d/%d/%d/%d;", l.Algorithm, l.Count, l.Period, l.Burst, l.Bucket)
+		if c := l.Calendar; c.Unit != "" {
+			zone := "UTC"
+			if c.Zone != nil {
+				zone = c.Zone.String()
+			}
+			fmt.Fprintf(h, "%s@%s;", c.Unit, zone)
+		}
 	}
 	return fmt.Sprintf("%d.%08x", i, h.Sum32())
 }

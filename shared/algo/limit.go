@@ -10,6 +10,7 @@ package algo
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -84,6 +85,97 @@ type Limit struct {
 	// Bucket is the width of one bucket of a bucket_ring. Zero means the greatest common
 	// divisor of the periods of the ring's windows. Other algorithms must leave it zero.
 	Bucket time.Duration
+	// Calendar, for fixed_window only, aligns the windows to the calendar (a day, a
+	// week from Monday, a month from the 1st) at midnight in a time zone, instead of
+	// to multiples of Period from the Unix epoch. Period is then the unit's longest
+	// length (a day 25h, a week 169h, a month 745h, DST included), for bounds only.
+	Calendar Calendar
+	// WindowStartMicros is, for a calendar limit being decided, the Unix time in
+	// microseconds its current window starts at, and Period that window's length
+	// (Limit.In sets both); zero in a policy.
+	WindowStartMicros int64
+}
+
+// A CalendarUnit is the window of a calendar limit.
+type CalendarUnit string
+
+// The calendar units.
+const (
+	CalendarDay   CalendarUnit = "day"
+	CalendarWeek  CalendarUnit = "week"
+	CalendarMonth CalendarUnit = "month"
+)
+
+// A Calendar aligns a fixed_window to the calendar of a time zone. The zero value
+// is no calendar.
+type Calendar struct {
+	Unit CalendarUnit
+	Zone *time.Location // nil means UTC
+}
+
+// nominal is the longest a calendar unit lasts (a 25-hour day at a DST change).
+var nominal = map[CalendarUnit]time.Duration{
+	CalendarDay:   25 * time.Hour,
+	CalendarWeek:  7*24*time.Hour + time.Hour,
+	CalendarMonth: 31*24*time.Hour + time.Hour,
+}
+
+// NewCalendarLimit returns a fixed_window limit of count per calendar unit in zone.
+func NewCalendarLimit(count int64, unit CalendarUnit, zone *time.Location) Limit {
+	return Limit{Algorithm: FixedWindow, Count: count, Period: nominal[unit], Calendar: Calendar{Unit: unit, Zone: zone}}
+}
+
+// Window returns the calendar window that holds t: it starts at midnight, local
+// time in c.Zone, of the day, of the week's Monday, or of the month's 1st, and ends
+// where the next starts. time.Date does the calendar arithmetic, so a day of a DST
+// change lasts 23 or 25 hours and a month its own number of days.
+func (c Calendar) Window(t time.Time) (start, end time.Time) {
+	zone := c.Zone
+	if zone == nil {
+		zone = time.UTC
+	}
+	y, m, d := t.In(zone).Date()
+	switch c.Unit {
+	case CalendarWeek:
+		d -= (int(time.Date(y, m, d, 12, 0, 0, 0, zone).Weekday()) + 6) % 7
+		return time.Date(y, m, d, 0, 0, 0, 0, zone), time.Date(y, m, d+7, 0, 0, 0, 0, zone)
+	case CalendarMonth:
+		return time.Date(y, m, 1, 0, 0, 0, 0, zone), time.Date(y, m+1, 1, 0, 0, 0, 0, zone)
+	}
+	return time.Date(y, m, d, 0, 0, 0, 0, zone), time.Date(y, m, d+1, 0, 0, 0, 0, zone)
+}
+
+// AtWindows returns c with each calendar limit set to its window at now (Unix
+// microseconds), for a store that passes windows to Lua; c's meters are copied only
+// when one has a calendar limit.
+func (c Check) AtWindows(now int64) Check {
+	copied := false
+	for i, m := range c.Meters {
+		if !slices.ContainsFunc(m.Limits, func(l Limit) bool { return l.Calendar.Unit != "" }) {
+			continue
+		}
+		if !copied {
+			c.Meters, copied = slices.Clone(c.Meters), true
+		}
+		limits := slices.Clone(m.Limits)
+		for j := range limits {
+			limits[j] = limits[j].In(now)
+		}
+		c.Meters[i].Limits = limits
+	}
+	return c
+}
+
+// In returns l as it is decided at now (Unix microseconds): for a calendar limit,
+// with Period and WindowStartMicros set to the window that holds now; any other
+// limit as it is.
+func (l Limit) In(now int64) Limit {
+	if l.Calendar.Unit == "" {
+		return l
+	}
+	start, end := l.Calendar.Window(time.UnixMicro(now))
+	l.Period, l.WindowStartMicros = end.Sub(start), start.UnixMicro()
+	return l
 }
 
 // Capacity returns the most cost units the limit admits at once: Burst where the
@@ -97,6 +189,13 @@ func (l Limit) Capacity() int64 {
 
 // String formats the limit as "algorithm count/period", with the burst where set.
 func (l Limit) String() string {
+	if l.Calendar.Unit != "" {
+		zone := "UTC"
+		if l.Calendar.Zone != nil {
+			zone = l.Calendar.Zone.String()
+		}
+		return string(l.Algorithm) + " " + strconv.FormatInt(l.Count, 10) + "/" + string(l.Calendar.Unit) + " " + zone
+	}
 	s := string(l.Algorithm) + " " + FormatRate(l.Count, l.Period)
 	if l.Burst > 0 {
 		s += " burst " + strconv.FormatInt(l.Burst, 10)
@@ -154,6 +253,13 @@ func (l Limit) Validate() error {
 			bad("bucket", l.Bucket.String(), "bucket must be a whole number of milliseconds that divides the period")
 		} else if l.Period/l.Bucket > MaxRingBuckets {
 			bad("bucket", l.Bucket.String(), fmt.Sprintf("the period spans more than %d buckets; use wider buckets", MaxRingBuckets))
+		}
+	}
+	if l.Calendar.Unit != "" {
+		if _, ok := nominal[l.Calendar.Unit]; !ok {
+			bad("rate", string(l.Calendar.Unit), "a calendar window is a day, a week or a month")
+		} else if l.Algorithm != FixedWindow && l.Algorithm.Valid() {
+			bad("calendar", string(l.Algorithm), "only fixed_window has calendar windows; use algorithm: fixed_window")
 		}
 	}
 	if l.Algorithm == SlidingLog && l.Count > MaxLogCount {

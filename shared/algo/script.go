@@ -109,8 +109,12 @@ func appendLimitArgs(dst []any, m Meter) []any {
 		bucket = micros(m.RingBucket())
 	}
 	for _, l := range m.Limits {
+		fourth := bucket // a ring's bucket width, or a calendar window's start
+		if l.WindowStartMicros != 0 {
+			fourth = l.WindowStartMicros
+		}
 		dst = append(dst, strconv.FormatInt(l.Count, 10), strconv.FormatInt(micros(l.Period), 10),
-			strconv.FormatInt(l.Capacity(), 10), strconv.FormatInt(bucket, 10))
+			strconv.FormatInt(l.Capacity(), 10), strconv.FormatInt(fourth, 10))
 	}
 	return dst
 }

@@ -130,7 +130,7 @@ func (e *Engine) remember(p Plan, out algo.Outcome, now int64) {
 			// The store's clock decided; count the retry from ours.
 			l := p.Check.Meters[i].Limits[j]
 			deny.put(p.Check.Keys[i], denial{until: now + int64(d.RetryAfter/time.Microsecond), cost: p.Check.Cost,
-				rule: p.Rules[i].Name, quota: p.Rules[i].QuotaName(l), spec: l, d: d}, now)
+				rule: p.Rules[i].Name, quota: p.Rules[i].QuotaName(l), spec: l.In(now), d: d}, now)
 			break
 		}
 	}

@@ -523,11 +523,16 @@ func (e *Engine) verdict(p Plan, out algo.Outcome) Verdict {
 	v.Limits = make([]LimitResult, 0, n)
 	best := -1
 	var bestD algo.Decision
+	at := out.Now // the store's time, for calendar windows
+	if at == 0 {
+		at = e.clock().UnixMicro()
+	}
 	for i, ds := range out.Decisions {
 		mt := p.Check.Meters[i]
 		for j, d := range ds {
 			rule, l := p.Rules[i], mt.Limits[j]
-			v.Limits = append(v.Limits, LimitResult{Rule: rule.Name, Algorithm: l.Algorithm, Shadow: rule.Shadow, Quota: rule.QuotaName(l), Spec: l, Decision: d})
+			// A calendar limit is stated with the window it was decided in.
+			v.Limits = append(v.Limits, LimitResult{Rule: rule.Name, Algorithm: l.Algorithm, Shadow: rule.Shadow, Quota: rule.QuotaName(l), Spec: l.In(at), Decision: d})
 			if rule.Shadow {
 				continue
 			}

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	// Calendar limits name IANA zones; the Lambda runtime has no zoneinfo of its own.
+	_ "time/tzdata"
 
 	"gopkg.in/yaml.v3"
 
@@ -46,7 +48,8 @@ var (
 	identityFields  = []string{"trusted_proxies", "ipv6_prefix"}
 	denyCacheFields = []string{"enabled", "max_entries"}
 	ruleFields      = []string{"name", "match", "limits", "unlimited", "replaces", "shadow"}
-	limitFields     = []string{"algorithm", "rate", "burst", "bucket", "record"}
+	limitFields     = []string{"algorithm", "rate", "burst", "bucket", "record", "calendar"}
+	calendarFields  = []string{"timezone"}
 )
 
 const (
@@ -958,10 +961,24 @@ func (d *decoder) limit(n *yaml.Node, path string) (l algo.Limit, record string,
 			algoMissing = false
 		}
 	}
+	var zone *time.Location
+	calendarNode := d.optional(f, "calendar")
+	if calendarNode != nil {
+		zone = d.calendar(calendarNode, path+".calendar")
+	}
 	if v, present := d.required(f, n, path, "rate", `write COUNT/PERIOD, e.g. rate: 100/s`); present {
 		if s, ok := d.str(v, path+".rate", `a rate such as "100/s"`); ok {
-			c, p, err := algo.ParseRate(s)
-			if err != nil {
+			if calendarNode != nil {
+				c, unit, err := calendarRate(s)
+				if err != nil {
+					d.addf(v, path+".rate", "%s: %v", quote(s), err)
+				} else {
+					// The algorithm as written, so that Validate names any but fixed_window.
+					a := l.Algorithm
+					l, rateBad = algo.NewCalendarLimit(c, unit, zone), false
+					l.Algorithm = a
+				}
+			} else if c, p, err := algo.ParseRate(s); err != nil {
 				d.fieldErrors(v, path, err)
 			} else {
 				l.Count, l.Period, rateBad = c, p, false
@@ -1023,6 +1040,44 @@ func (d *decoder) limit(n *yaml.Node, path string) (l algo.Limit, record string,
 		}
 	}
 	return l, record, d.total == before
+}
+
+// calendar decodes a limit's calendar mapping and returns its time zone (UTC when it
+// names none).
+func (d *decoder) calendar(n *yaml.Node, path string) *time.Location {
+	f := d.mapping(n, path, calendarFields, "a mapping with timezone, e.g. calendar: {timezone: Europe/Berlin}")
+	if f == nil {
+		return nil
+	}
+	v := d.optional(f, "timezone")
+	if v == nil {
+		return time.UTC
+	}
+	name, ok := d.str(v, path+".timezone", "an IANA time zone name such as Europe/Berlin")
+	if !ok {
+		return nil
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil || name == "" || name == "Local" {
+		d.addf(v, path+".timezone", "%s: not an IANA time zone; use a name such as Europe/Berlin, America/New_York or UTC", quote(name))
+		return nil
+	}
+	return loc
+}
+
+// calendarRate parses the rate of a calendar limit: COUNT/day, COUNT/week or
+// COUNT/month.
+func calendarRate(s string) (int64, algo.CalendarUnit, error) {
+	c, u, ok := strings.Cut(strings.TrimSpace(s), "/")
+	n, err := strconv.ParseInt(strings.TrimSpace(c), 10, 64)
+	if !ok || err != nil || n < 1 {
+		return 0, "", errors.New("want COUNT/day, COUNT/week or COUNT/month, e.g. 10000/month")
+	}
+	switch unit := algo.CalendarUnit(strings.TrimSpace(u)); unit {
+	case algo.CalendarDay, algo.CalendarWeek, algo.CalendarMonth:
+		return n, unit, nil
+	}
+	return 0, "", errors.New("a calendar window is a day, a week or a month: write COUNT/day, COUNT/week or COUNT/month")
 }
 
 // fieldErrors adds each *algo.FieldError in err with its field under path; other

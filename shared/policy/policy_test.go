@@ -230,6 +230,13 @@ func TestValidation(t *testing.T) {
 			[]string{`plans.attribute: "Plan": ` + attrRule, `plans.keys."sha256:abc": "sha256:abc": want sha256: and 64 lower-case hex digits (sha256sum of the key)`, "plans.keys.k1: appears twice; give each key one plan"}},
 		{"plans without keys", "domain: d\nplans: {default: free}\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
 			[]string{`plans.keys: missing; map keys to plans, e.g. keys: {"sha256:9f86d081…": pro}`}},
+		{"bad calendar", "domain: d\nrules:\n- {name: a, limits: [{algorithm: gcra, rate: 10/month, calendar: {timezone: Europe/Berlin}}, {algorithm: fixed_window, rate: 10/fortnight, calendar: {}}, {algorithm: fixed_window, rate: 10/day, calendar: {timezone: Moon/Base, tz: x}}]}\n",
+			[]string{
+				`rules[0].limits[0].calendar: "gcra": only fixed_window has calendar windows; use algorithm: fixed_window`,
+				`rules[0].limits[1].rate: "10/fortnight": a calendar window is a day, a week or a month: write COUNT/day, COUNT/week or COUNT/month`,
+				`rules[0].limits[2].calendar.timezone: "Moon/Base": not an IANA time zone; use a name such as Europe/Berlin, America/New_York or UTC`,
+				"rules[0].limits[2].calendar.tz: unknown field; known fields: timezone",
+			}},
 		{"replaces an unknown rule", "domain: d\nrules:\n- {name: per-key, limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: acme, replaces: [per-kye], limits: [{algorithm: gcra, rate: 9/s}]}\n",
 			[]string{`rules[1].replaces[0]: "per-kye": no rule has this name; did you mean "per-key"?`}},
 		{"replaces itself", "domain: d\nrules:\n- {name: a, replaces: [a], limits: [{algorithm: gcra, rate: 1/s}]}\n",
@@ -243,9 +250,9 @@ func TestValidation(t *testing.T) {
 		{"unknown top-level field", "domain: d\ncolour: red\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
 			[]string{"colour: unknown field; known fields: domain, prefix, shard_by, failure, identity, deny_cache, plans, rules"}},
 		{"unknown limit field", rule("{algorithm: gcra, rate: 1/s, colour: red}"),
-			[]string{"rules[0].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record"}},
+			[]string{"rules[0].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar"}},
 		{"misspelt field", rule("{algorithm: gcra, rate: 1/s, brust: 3}"),
-			[]string{`rules[0].limits[0].brust: unknown field; known fields: algorithm, rate, burst, bucket, record; did you mean "burst"?`}},
+			[]string{`rules[0].limits[0].brust: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar; did you mean "burst"?`}},
 		{"unknown fields everywhere", "domain: d\nfailure: {mode: open, retries: 3, breaker: {fails: 1}}\nidentity: {proxies: 1}\ndeny_cache: {size: 1}\nrules: [{name: r, when: x, limits: [{algorithm: gcra, rate: 1/s, cost: 2}]}]\n",
 			[]string{
 				"failure.retries: unknown field; known fields: mode, timeout, expected_instances, breaker",
@@ -253,7 +260,7 @@ func TestValidation(t *testing.T) {
 				"identity.proxies: unknown field; known fields: trusted_proxies, ipv6_prefix",
 				"deny_cache.size: unknown field; known fields: enabled, max_entries",
 				"rules[0].when: unknown field; known fields: name, match, limits, unlimited, replaces, shadow",
-				"rules[0].limits[0].cost: unknown field; known fields: algorithm, rate, burst, bucket, record",
+				"rules[0].limits[0].cost: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar",
 			}},
 		{"repeated field", "domain: d\ndomain: e\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
 			[]string{"domain: appears twice (first on line 1); remove one"}},
@@ -404,7 +411,7 @@ func TestValidationErrorMessage(t *testing.T) {
 	want := `policy: 3 problems:
 	rules[0].limits[0].rate: "1/x": unknown unit "x"; use ms, s, min, h or day (line 3)
 	rules[1].name: "a" is used by rules[0]; rule names must be unique (line 4)
-	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record (line 4)`
+	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar (line 4)`
 	if err == nil || err.Error() != want {
 		t.Errorf("Parse().Error() = %v, want %s", err, want)
 	}

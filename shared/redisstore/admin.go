@@ -23,7 +23,11 @@ func (s *Store) serverMicros(ctx context.Context) (int64, error) {
 
 // fixedWindowKey is the key of the current window of a fixed_window meter at now (µs).
 func fixedWindowKey(key string, m algo.Meter, now int64) string {
-	p := int64(m.Limits[0].Period / time.Microsecond)
+	l := m.Limits[0].In(now)
+	p := int64(l.Period / time.Microsecond)
+	if off := l.WindowStartMicros; off != 0 {
+		return key + ":c" + strconv.FormatInt(off+max(0, (now-off)/p)*p, 10)
+	}
 	return key + ":" + strconv.FormatInt(now/p, 10)
 }
 

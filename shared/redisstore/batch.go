@@ -116,6 +116,7 @@ func (b *Batcher) Health(ctx context.Context) []breaker.Status { return b.store.
 // A request goes to its node through the node's circuit breaker, as with
 // Store.Decide: a request for a node whose breaker is open fails at once.
 func (b *Batcher) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) {
+	c = c.AtWindows(nowOr(c.Now))
 	if len(c.Keys) != len(c.Meters) || len(c.Meters) == 0 || (b.store.cluster && !oneSlot(c.Keys)) {
 		return b.store.Decide(ctx, c)
 	}

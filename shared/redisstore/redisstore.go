@@ -128,6 +128,7 @@ func (s *Store) Preload(ctx context.Context) error {
 // refund, other requests see the charge (they may be denied where they would not have
 // been); they are never admitted where they would not have been.
 func (s *Store) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) {
+	c = c.AtWindows(nowOr(c.Now))
 	if len(c.Keys) != len(c.Meters) {
 		return algo.Outcome{}, fmt.Errorf("redisstore: %d keys for %d meters", len(c.Keys), len(c.Meters))
 	}
@@ -330,3 +331,13 @@ func subCheck(c algo.Check, idx []int) algo.Check {
 
 // IsCluster reports whether the store decides slot by slot.
 func (s *Store) IsCluster() bool { return s.cluster }
+
+// nowOr is now, or this process's clock when now is 0 (the server's clock decides):
+// the time calendar windows are chosen at. Near a window's edge the server's clock
+// may place the request in the next window, which the script then takes.
+func nowOr(now int64) int64 {
+	if now != 0 {
+		return now
+	}
+	return time.Now().UnixMicro()
+}

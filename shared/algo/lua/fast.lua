@@ -1,5 +1,5 @@
 -- fast: the decision script's first lines. They read the time and decide the common
--- request -- meters of one limit each, no undo, nothing recorded -- of the algorithms
+-- request -- meters of one limit each, no undo, nothing recorded, no calendar -- of the algorithms
 -- below in flat code, before the rest of the script defines a single function: Redis
 -- runs the whole script body on every call, and creating the closures and tables of
 -- the general path costs more than the decision itself.
@@ -29,8 +29,8 @@ if flat then
   for i = 1, nm do
     local pos = 1 + i * 8 -- a meter of one limit has 8 values, the first at 5
     local alg = ARGV[pos - 4]
-    if ARGV[pos - 2] ~= '' or ARGV[pos - 1] ~= '1' or not (alg == 'gcra' or alg == 'leaky_bucket' or
-        alg == 'fixed_window' or alg == 'token_bucket' or alg == 'sliding_window') then
+    if ARGV[pos - 2] ~= '' or ARGV[pos - 1] ~= '1' or ARGV[pos + 3] ~= '0' or not (alg == 'gcra' or
+        alg == 'leaky_bucket' or alg == 'fixed_window' or alg == 'token_bucket' or alg == 'sliding_window') then
       flat = false
       break
     end

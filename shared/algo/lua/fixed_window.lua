@@ -5,13 +5,23 @@
 -- hash tag, so they live in K's cluster slot.
 -- Time: the caller's now (server TIME unless the caller passed one).
 -- TTL: the end of the window.
+-- A calendar window (the limit's fourth value, otherwise 0, is its start; its period
+-- the window's length) is named by its start, K:c<start>; a now before it counts in
+-- it, one after it in the window of the same length that follows.
 A.fixed_window = {}
+local function fw_window(key, now, lims)
+  local p, off = lims[1][2], lims[1][4]
+  if off > 0 then
+    local w = off + max(0, floor((now - off) / p)) * p
+    return key .. ':c' .. string.format('%d', w), w + p
+  end
+  local w = floor(now / p)
+  return key .. ':' .. string.format('%d', w), (w + 1) * p
+end
 function A.fixed_window.check(key, now, cost, lims, record)
   local n, p = lims[1][1], lims[1][2]
-  local w = floor(now / p)
-  local k = key .. ':' .. string.format('%d', w)
+  local k, e = fw_window(key, now, lims)
   local used = tonumber(redis.call('GET', k) or '0')
-  local e = (w + 1) * p
   local d = {0, 0, e - now, 0, 0}
   if used + cost > n then
     d[2] = max(0, n - used)
@@ -37,8 +47,7 @@ function A.fixed_window.check(key, now, cost, lims, record)
   end, writes
 end
 function A.fixed_window.refund(key, now, cost, lims, extra, record)
-  local w = floor(now / lims[1][2])
-  local k = key .. ':' .. string.format('%d', w)
+  local k = fw_window(key, now, lims)
   if redis.call('EXISTS', k) == 1 and redis.call('DECRBY', k, cost) <= 0 then
     redis.call('DEL', k)
   end

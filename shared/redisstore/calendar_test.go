@@ -1,0 +1,96 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/memstore"
+	"github.com/tollgate-dev/tollgate/shared/redisstore"
+	"github.com/tollgate-dev/tollgate/shared/redistest"
+)
+
+// TestCalendarConformance runs calendar quotas (a day, a week, a month, in Berlin,
+// New York and UTC) through the Go model and the Lua script on real Redis, on an
+// injected clock that crosses DST changes, month ends and a leap day, with and
+// without a recorded value and beside a second meter, and requires the same
+// decisions; then it checks the key the script wrote is named by its window's start
+// and lives until the window's end.
+func TestCalendarConformance(t *testing.T) {
+	srv := redistest.StartServer(t)
+	rs, err := redisstore.New(srv.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	zones := []string{"Europe/Berlin", "America/New_York", "UTC"}
+	edges := []string{"2026-03-29T00:30:00Z", "2026-03-31T21:30:00Z", "2026-10-25T00:30:00Z", "2026-11-01T05:30:00Z", "2028-02-29T23:30:00Z", "2026-12-31T22:30:00Z"}
+	units := []algo.CalendarUnit{algo.CalendarDay, algo.CalendarWeek, algo.CalendarMonth}
+	decisions := 0
+	for seq := range 150 {
+		r := rand.New(rand.NewPCG(uint64(seq), 99))
+		zone, err := time.LoadLocation(zones[r.IntN(len(zones))])
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := algo.NewCalendarLimit(1+r.Int64N(6), units[r.IntN(len(units))], zone)
+		m := algo.Meter{Limits: []algo.Limit{l}}
+		if r.IntN(2) == 0 {
+			m.Record = fmt.Sprintf("user-%d", r.IntN(3))
+		}
+		keys, meters := []string{algo.Key("cal:", fmt.Sprint(seq), "r", "", "0")}, []algo.Meter{m}
+		if r.IntN(2) == 0 {
+			keys = append(keys, algo.Key("cal:", fmt.Sprint(seq), "r", "", "1"))
+			meters = append(meters, algo.Meter{Limits: []algo.Limit{{Algorithm: algo.GCRA, Count: 5, Period: time.Hour, Burst: 8}}})
+		}
+		ms := memstore.New(0, nil)
+		at, _ := time.Parse(time.RFC3339, edges[r.IntN(len(edges))])
+		now := at.UnixMicro()
+		for i := range 25 {
+			now += r.Int64N(int64(20 * time.Minute / time.Microsecond))
+			cost := int64(1 + r.IntN(2))
+			c := algo.Check{Keys: keys, Meters: meters, Cost: cost, Now: now}
+			want, err := ms.Decide(ctx, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := rs.Decide(ctx, c)
+			if err != nil {
+				t.Fatalf("seq %d step %d: redis: %v", seq, i, err)
+			}
+			decisions++
+			if got.Allowed != want.Allowed {
+				t.Fatalf("seq %d step %d (%v at %s, cost %d): allowed lua %v, model %v\nlua   %+v\nmodel %+v", seq, i, l, time.UnixMicro(now).UTC(), cost, got.Allowed, want.Allowed, got.Decisions, want.Decisions)
+			}
+			for mi := range want.Decisions {
+				for j := range want.Decisions[mi] {
+					if !sameDecision(got.Decisions[mi][j], want.Decisions[mi][j]) {
+						t.Fatalf("seq %d step %d (%v at %s): meter %d\nlua   %+v\nmodel %+v", seq, i, l, time.UnixMicro(now).UTC(), mi, got.Decisions[mi][j], want.Decisions[mi][j])
+					}
+				}
+			}
+		}
+	}
+	t.Logf("%d identical decisions of calendar quotas", decisions)
+
+	// A key per window, named by its start, expiring at its end.
+	berlin, _ := time.LoadLocation("Europe/Berlin")
+	l := algo.NewCalendarLimit(10, algo.CalendarMonth, berlin)
+	now := time.Now()
+	start, end := l.Calendar.Window(now)
+	key := algo.Key("calttl:", "k", "r", "", "0")
+	if _, err := rs.Decide(ctx, algo.Check{Keys: []string{key}, Meters: []algo.Meter{{Limits: []algo.Limit{l}}}, Cost: 1}); err != nil {
+		t.Fatal(err)
+	}
+	wk := fmt.Sprintf("%s:c%d", key, start.UnixMicro())
+	pttl, err := srv.Client(t).PTTL(ctx, wk).Result()
+	if err != nil || pttl <= 0 {
+		t.Fatalf("PTTL(%s) = %v, %v; want the window's key with a TTL", wk, pttl, err)
+	}
+	if left := time.Until(end); pttl < left-2*time.Second || pttl > left+2*time.Second {
+		t.Errorf("PTTL(%s) = %v, want about %v (until the month ends in Berlin)", wk, pttl, left)
+	}
+}
