@@ -260,6 +260,22 @@ type metrics struct {
 	log      *slog.Logger
 }
 
+// reloaded writes a PolicyReloads count by Function and Result (reload.Applied,
+// Unchanged, Invalid or Failed): the authorizer's tollgate_policy_reloads_total.
+func (m *metrics) reloaded(result string) {
+	if m == nil || result == reload.Unchanged {
+		return
+	}
+	err := m.emf.Write(emf.Line{
+		Time:       time.Now(),
+		Properties: map[string]string{"Function": m.function, "Result": result},
+		Directives: []emf.Directive{{Dimensions: [][]string{{"Function", "Result"}}, Metrics: []emf.Metric{{Name: "PolicyReloads", Unit: emf.Count, Value: 1}}}},
+	})
+	if err != nil && m.log != nil {
+		m.log.Warn("cannot write metrics", "err", err)
+	}
+}
+
 func (m *metrics) record(start time.Time, rule, result string, degraded, addrFallback bool) {
 	if m == nil {
 		return

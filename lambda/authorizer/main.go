@@ -171,15 +171,21 @@ func build(ctx context.Context, cfg config, stdout io.Writer, log *slog.Logger) 
 		return nil, fmt.Errorf("authorizer: %w", err)
 	}
 	var eng *engine.Engine
+	a := &app{log: log}
 	rl, p, err := reload.Load(ctx, reload.Config{
 		Source: src,
 		Apply:  func(p *policy.Policy) error { return eng.SetPolicy(p) },
 		Logger: log,
+		// Reloads happen in Handle, after the handler is built.
+		Reloaded: func(result string) {
+			if a.handler != nil {
+				a.handler.metrics.reloaded(result)
+			}
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("authorizer: %w", err)
 	}
-	a := &app{log: log}
 	var store engine.Store // stays a nil interface without Redis
 	if cfg.RedisURL == "" {
 		log.Warn("REDIS_URL is empty: deciding in process only, so every execution environment has limits of its own")

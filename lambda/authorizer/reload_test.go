@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -67,6 +68,11 @@ func TestPolicyFromSSM(t *testing.T) {
 	value.Store("domain: d\nrules: [{name: x, limits: [{algorithm: gcra, rate: 1/fortnight}]}]\n")
 	if !allowed() {
 		t.Error("after an invalid parameter value: denied, want the 100/min policy still deciding")
+	}
+	for _, result := range []string{"applied", "invalid"} {
+		if !strings.Contains(ta.metrics.String(), `"Result":"`+result+`"`) || !strings.Contains(ta.metrics.String(), `"PolicyReloads"`) {
+			t.Errorf("metrics lack a PolicyReloads line with Result %s:\n%s", result, ta.metrics.String())
+		}
 	}
 	if n := calls.Load(); n < 4 {
 		t.Errorf("SSM calls = %d, want one at the start and one per invocation past the 1ns TTL", n)
