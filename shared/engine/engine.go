@@ -374,7 +374,10 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 		}
 	}
 	if pl := pol.Plans; pl != nil {
-		plan := pl.Plan(attrs[pl.From])
+		plan := "" // no key, no plan
+		if key, ok := attrs[pl.From]; ok {
+			plan = pl.Plan(key)
+		}
 		// Only the table says a key's plan: a value the request carried goes.
 		if have, has := attrs[pl.Attribute]; have != plan || has && plan == "" {
 			if !cloned {
