@@ -22,6 +22,9 @@ import (
 	"github.com/aws/aws-lambda-go/lambdaurl"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/tollgate-dev/tollgate/shared/awsredis"
 	"github.com/tollgate-dev/tollgate/shared/decision"
@@ -29,11 +32,15 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/policy"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/reload"
+	"github.com/tollgate-dev/tollgate/shared/rls"
 )
 
 // config is the service's configuration, from flags and the environment.
 type config struct {
-	Listen     string // TOLLGATE_LISTEN / --listen, default 127.0.0.1:8080
+	Listen string // TOLLGATE_LISTEN / --listen, default 127.0.0.1:8080
+	// GRPCListen serves Envoy's gRPC RateLimitService there too (TOLLGATE_GRPC_LISTEN /
+	// --grpc-listen; empty: not served). Not on Lambda.
+	GRPCListen string
 	PolicyPath string // TOLLGATE_POLICY / --policy, default lambda/policy.yaml (policy.yaml next to the binary on Lambda)
 	PolicyJSON string // TOLLGATE_POLICY_JSON: an inline policy, instead of the file
 	PolicySSM  string // TOLLGATE_POLICY_SSM: an SSM parameter holding the policy, instead of the file
@@ -96,6 +103,7 @@ var defaultServerLimits = serverLimits{
 func loadConfig(getenv func(string) string, args []string) (config, error) {
 	c := config{
 		Listen:     or(getenv("TOLLGATE_LISTEN"), "127.0.0.1:8080"),
+		GRPCListen: getenv("TOLLGATE_GRPC_LISTEN"),
 		PolicyPath: getenv("TOLLGATE_POLICY"),
 		PolicyJSON: getenv("TOLLGATE_POLICY_JSON"),
 		PolicySSM:  getenv("TOLLGATE_POLICY_SSM"),
@@ -140,6 +148,7 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	}
 	fs := flag.NewFlagSet("limiter", flag.ContinueOnError)
 	fs.StringVar(&c.Listen, "listen", c.Listen, "address to listen on (env TOLLGATE_LISTEN)")
+	fs.StringVar(&c.GRPCListen, "grpc-listen", c.GRPCListen, "address to serve Envoy's gRPC RateLimitService on; empty: none (env TOLLGATE_GRPC_LISTEN)")
 	fs.StringVar(&c.PolicyPath, "policy", c.PolicyPath, "policy file, YAML or JSON (env TOLLGATE_POLICY)")
 	fs.DurationVar(&c.PolicyPoll, "policy-poll", c.PolicyPoll, "how often to read the policy for a change; 0: only on SIGHUP (env TOLLGATE_POLICY_POLL)")
 	c.Server.flags(fs)
@@ -383,6 +392,22 @@ func run(ctx context.Context, getenv func(string) string, args []string, log *sl
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	go s.policy.Watch(ctx, c.PolicyPoll, hup)
+	if c.GRPCListen != "" {
+		gln, err := net.Listen("tcp", c.GRPCListen)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("--grpc-listen: %w", err)
+		}
+		gs := grpc.NewServer()
+		rlsv3.RegisterRateLimitServiceServer(gs, rls.New(s.eng, log))
+		go func() {
+			if err := gs.Serve(gln); err != nil {
+				log.Error("gRPC server stopped", "err", err)
+			}
+		}()
+		defer gs.GracefulStop()
+		log.Info("serving Envoy's RateLimitService", "addr", gln.Addr().String())
+	}
 	return serve(ctx, ln, s.handler, c.Server, log)
 }
 

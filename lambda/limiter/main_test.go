@@ -47,6 +47,8 @@ func TestLoadConfig(t *testing.T) {
 		{"unparsable flag", nil, []string{"--read-timeout", "soon"}, config{}, "read-timeout"},
 		{"policy in SSM, polled every minute", map[string]string{"TOLLGATE_POLICY_SSM": "/tollgate/policy", "TOLLGATE_POLICY_POLL": "1m"}, nil,
 			config{Listen: "127.0.0.1:8080", PolicySSM: "/tollgate/policy", PolicyPoll: time.Minute, Batch: true}, ""},
+		{"gRPC listener", map[string]string{"TOLLGATE_GRPC_LISTEN": "127.0.0.1:8081"}, []string{"--grpc-listen", "127.0.0.1:9091"},
+			config{Listen: "127.0.0.1:8080", GRPCListen: "127.0.0.1:9091", PolicyPath: "lambda/policy.yaml", Batch: true}, ""},
 		{"policy poll flag", nil, []string{"--policy-poll", "500ms"}, config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml", PolicyPoll: 500 * time.Millisecond, Batch: true}, ""},
 		{"bad policy poll", map[string]string{"TOLLGATE_POLICY_POLL": "often"}, nil, config{}, "TOLLGATE_POLICY_POLL"},
 		{"negative policy poll flag", nil, []string{"--policy-poll", "-1s"}, config{}, "--policy-poll"},

@@ -343,6 +343,34 @@ type Plan struct {
 	cur *current // the policy the plan was made with
 }
 
+// Join returns one plan that decides ps together, all-or-nothing, with each store key
+// once (two plans that reach the same limit of the same client charge it once), and
+// for each plan the index in the joint plan of each of its meters. The plans must
+// share the domain and cost; the joint plan needs a key if any does.
+func Join(ps []Plan) (Plan, [][]int) {
+	if len(ps) == 0 {
+		return Plan{}, nil
+	}
+	j := Plan{Domain: ps[0].Domain, Check: algo.Check{Cost: ps[0].Check.Cost}, cur: ps[0].cur}
+	at := map[string]int{}
+	idx := make([][]int, len(ps))
+	for pi, p := range ps {
+		j.KeyRequired = j.KeyRequired || p.KeyRequired
+		for i, k := range p.Check.Keys {
+			n, seen := at[k]
+			if !seen {
+				n = len(j.Check.Keys)
+				at[k] = n
+				j.Check.Keys = append(j.Check.Keys, k)
+				j.Check.Meters = append(j.Check.Meters, p.Check.Meters[i])
+				j.Rules = append(j.Rules, p.Rules[i])
+			}
+			idx[pi] = append(idx[pi], n)
+		}
+	}
+	return j, idx
+}
+
 // RemoteAddress and ForwardedFor are the attributes of the client's address: front
 // doors send the address they saw and the X-Forwarded-For header as they are, and
 // the engine alone turns them into the client's identity (identity.Address).

@@ -1,0 +1,50 @@
+package rls_test
+
+import (
+	"context"
+	"testing"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/policy"
+	"github.com/tollgate-dev/tollgate/shared/rls"
+)
+
+// FuzzShouldRateLimit decodes any bytes as a RateLimitRequest and decides it on an
+// in-process engine: never a panic, and either an answer with one status per
+// descriptor or INVALID_ARGUMENT.
+func FuzzShouldRateLimit(f *testing.F) {
+	seed, _ := proto.Marshal(&rlsv3.RateLimitRequest{Domain: "rl", HitsAddend: 2, Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "foo"), descriptor("remote_address", "192.0.2.1", "key1", "x")}})
+	f.Add(seed)
+	f.Add([]byte{})
+	p, err := policy.Parse([]byte(testPolicy))
+	if err != nil {
+		f.Fatal(err)
+	}
+	eng, err := engine.New(engine.Config{Policy: p})
+	if err != nil {
+		f.Fatal(err)
+	}
+	srv := rls.New(eng, nil)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var req rlsv3.RateLimitRequest
+		if proto.Unmarshal(data, &req) != nil {
+			return
+		}
+		resp, err := srv.ShouldRateLimit(context.Background(), &req)
+		if err != nil {
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("ShouldRateLimit = %v, want an answer or INVALID_ARGUMENT", err)
+			}
+			return
+		}
+		if len(resp.Statuses) != len(req.Descriptors) {
+			t.Fatalf("%d statuses for %d descriptors", len(resp.Statuses), len(req.Descriptors))
+		}
+	})
+}

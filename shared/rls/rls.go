@@ -1,0 +1,180 @@
+// Package rls answers Envoy's gRPC rate limit service,
+// envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit, on tollgate's engine,
+// so that Envoy's built-in envoy.filters.http.ratelimit (and what builds on it) can
+// call tollgate where it would call envoyproxy/ratelimit.
+//
+// A request's domain must be the policy's. Each descriptor's entries become the
+// attributes of one request to the policy (entry key → attribute name), and every
+// descriptor of a request is decided together, all-or-nothing: when one is over its
+// limit, none is charged. The cost is the request's hits_addend (1 when unset).
+package rls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/bounds"
+	"github.com/tollgate-dev/tollgate/shared/engine"
+)
+
+// MaxDescriptors bounds the descriptors of one request.
+const MaxDescriptors = bounds.MaxAttributes
+
+// Server is the RateLimitService on an engine.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	eng *engine.Engine
+	log *slog.Logger
+}
+
+// New returns the service on eng.
+func New(eng *engine.Engine, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Server{eng: eng, log: log}
+}
+
+// ShouldRateLimit decides every descriptor of req together. A caller's mistake is
+// INVALID_ARGUMENT; a Redis failure under the failure mode closed is UNAVAILABLE, so
+// that Envoy's failure_mode_deny decides, and under open or local an answer.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	plans, err := s.plan(req)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	joint, idx := engine.Join(plans)
+	v := s.eng.Decide(ctx, joint)
+	if v.Reason == engine.ReasonUnavailable {
+		return nil, status.Error(codes.Unavailable, "tollgate: Redis is unavailable and the policy's failure mode is closed")
+	}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	if !v.Allowed {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	// Limits holds, meter after meter, one result per limit.
+	first := make([]int, len(joint.Check.Meters)+1)
+	for i, m := range joint.Check.Meters {
+		first[i+1] = first[i] + len(m.Limits)
+	}
+	for _, meters := range idx {
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		var pick *engine.LimitResult
+		for _, mi := range meters {
+			if v.Cached {
+				// The deny cache answers with the one limit that denied.
+				if joint.Rules[mi].Name == v.Rule && len(v.Limits) == 1 {
+					pick = &v.Limits[0]
+				}
+				continue
+			}
+			for k := first[mi]; k < first[mi+1] && k < len(v.Limits); k++ {
+				l := &v.Limits[k]
+				if l.Shadow {
+					continue
+				}
+				if pick == nil || algo.MoreRestrictive(l.Decision, pick.Decision) {
+					pick = l
+				}
+			}
+		}
+		if pick != nil {
+			if !pick.Allowed {
+				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			}
+			q, w := algo.QuotaWindow(pick.Spec)
+			unit, per := unitOf(w, q)
+			st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: pick.Quota, RequestsPerUnit: per, Unit: unit}
+			remaining := pick.Remaining
+			if !v.Allowed && pick.Allowed {
+				// Its check counted this request, but a denial elsewhere charged nothing.
+				remaining += joint.Check.Cost
+			}
+			st.LimitRemaining = uint32(min(max(0, remaining), 1<<32-1))
+			st.DurationUntilReset = durationpb.New(pick.ResetAfter)
+		}
+		resp.Statuses = append(resp.Statuses, st)
+	}
+	for _, kv := range v.Headers() {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &commonv3.HeaderValue{Key: kv[0], Value: kv[1]})
+	}
+	return resp, nil
+}
+
+// plan turns each descriptor into a plan of the engine.
+func (s *Server) plan(req *rlsv3.RateLimitRequest) ([]engine.Plan, error) {
+	switch n := len(req.GetDescriptors()); {
+	case n == 0:
+		return nil, errors.New("no descriptors; send at least one")
+	case n > MaxDescriptors:
+		return nil, fmt.Errorf("%d descriptors; at most %d", n, MaxDescriptors)
+	}
+	cost := int64(req.GetHitsAddend())
+	if req.HitsAddend == 0 {
+		cost = 1
+	}
+	plans := make([]engine.Plan, 0, len(req.Descriptors))
+	for i, d := range req.Descriptors {
+		if err := supported(d, cost); err != nil {
+			return nil, fmt.Errorf("descriptors[%d]: %w", i, err)
+		}
+		attrs := make(map[string]string, len(d.GetEntries()))
+		for j, e := range d.GetEntries() {
+			if _, dup := attrs[e.GetKey()]; dup {
+				return nil, fmt.Errorf("descriptors[%d].entries[%d]: key %.64q appears twice", i, j, e.GetKey())
+			}
+			attrs[e.GetKey()] = e.GetValue()
+		}
+		p, err := s.eng.Plan(engine.Request{Domain: req.GetDomain(), Attributes: attrs, Cost: cost})
+		if err != nil {
+			return nil, fmt.Errorf("descriptors[%d]: %w", i, err)
+		}
+		plans = append(plans, p)
+	}
+	return plans, nil
+}
+
+// supported refuses what tollgate does not decide yet rather than decide it wrongly.
+func supported(d *rlv3.RateLimitDescriptor, cost int64) error {
+	switch {
+	case d.GetLimit() != nil:
+		return errors.New("a descriptor's own limit override is not supported; state the limit in the policy")
+	case d.GetIsNegativeHits():
+		return errors.New("negative hits are not supported")
+	case d.GetHitsAddend() != nil && int64(d.GetHitsAddend().GetValue()) != cost:
+		return errors.New("a descriptor's hits_addend must equal the request's: all descriptors are decided together at one cost")
+	}
+	return nil
+}
+
+// unitOf states a quota of q units per window w in Envoy's units: the largest unit
+// the window is a whole number of, with requests_per_unit scaled down to it (a
+// window that is no whole number of seconds is stated per second).
+func unitOf(w time.Duration, q int64) (rlsv3.RateLimitResponse_RateLimit_Unit, uint32) {
+	units := []struct {
+		d time.Duration
+		u rlsv3.RateLimitResponse_RateLimit_Unit
+	}{
+		{24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY},
+		{time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR},
+		{time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE},
+	}
+	for _, u := range units {
+		if w >= u.d && w%u.d == 0 {
+			return u.u, uint32(min(max(1, q/int64(w/u.d)), 1<<32-1))
+		}
+	}
+	secs := max(1, int64(w/time.Second))
+	return rlsv3.RateLimitResponse_RateLimit_SECOND, uint32(min(max(1, q/secs), 1<<32-1))
+}

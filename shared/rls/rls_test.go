@@ -1,0 +1,167 @@
+package rls_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/policy"
+	"github.com/tollgate-dev/tollgate/shared/redisstore"
+	"github.com/tollgate-dev/tollgate/shared/redistest"
+	"github.com/tollgate-dev/tollgate/shared/rls"
+)
+
+const testPolicy = `domain: rl
+rules:
+  - {name: per-key, match: {key1: "*"}, limits: [{algorithm: fixed_window, rate: 20/min}]}
+  - {name: per-ip, match: {remote_address: "*"}, limits: [{algorithm: fixed_window, rate: 3/min}]}
+`
+
+// client starts the service on a real Redis at url behind a gRPC server on loopback.
+func client(t *testing.T, url string, cluster bool) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	p, err := policy.Parse([]byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	eng, err := engine.New(engine.Config{Policy: p, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(srv, rls.New(eng, nil))
+	go srv.Serve(ln)
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return rlsv3.NewRateLimitServiceClient(conn)
+}
+
+func descriptor(kv ...string) *rlv3.RateLimitDescriptor {
+	d := &rlv3.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &rlv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+// TestShouldRateLimit replays a request of two descriptors over gRPC on a real Redis,
+// standalone and cluster: the per-IP descriptor goes over its 3 per minute on the
+// fourth request, which is then denied whole — the per-key descriptor is not charged
+// for it (its remaining count stops falling), where envoyproxy/ratelimit charges it.
+func TestShouldRateLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		url     func(t *testing.T) string
+		cluster bool
+	}{
+		{"standalone", func(t *testing.T) string { return "redis://" + redistest.StartServer(t).Addr }, false},
+		{"cluster", func(t *testing.T) string { return redistest.StartCluster(t).URL() }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := client(t, tc.url(t), tc.cluster)
+			req := &rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{
+				descriptor("key1", "foo"), descriptor("remote_address", "192.0.2.7"),
+			}}
+			var last *rlsv3.RateLimitResponse
+			for i := range 6 { // the fifth and sixth come from the deny cache
+				resp, err := c.ShouldRateLimit(context.Background(), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				last = resp
+				wantOK := i < 3
+				if (resp.OverallCode == rlsv3.RateLimitResponse_OK) != wantOK || len(resp.Statuses) != 2 {
+					t.Fatalf("request %d: %v with %d statuses, want OK: %v", i+1, resp.OverallCode, len(resp.Statuses), wantOK)
+				}
+				key, ip := resp.Statuses[0], resp.Statuses[1]
+				if key.Code != rlsv3.RateLimitResponse_OK {
+					t.Errorf("request %d: per-key %v, want OK", i+1, key.Code)
+				}
+				if want := uint32(20 - min(i+1, 3)); i < 4 && key.LimitRemaining != want {
+					t.Errorf("request %d: per-key %d remaining, want %d", i+1, key.LimitRemaining, want)
+				}
+				if !wantOK && ip.Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+					t.Errorf("request %d: per-ip %v, want OVER_LIMIT", i+1, ip.Code)
+				}
+			}
+			// The per-key limit was charged by the three admitted requests only: the
+			// next request of key1 alone finds 17 left and takes one.
+			alone, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "foo")}})
+			if err != nil || alone.OverallCode != rlsv3.RateLimitResponse_OK || alone.Statuses[0].LimitRemaining != 16 {
+				t.Errorf("key1 alone after the denials = %v, %v; want OK with 16 remaining (ERL would have charged the denied requests too)", alone, err)
+			}
+			lim := last.Statuses[1].CurrentLimit
+			if lim.GetRequestsPerUnit() != 3 || lim.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE || lim.GetName() != "per-ip" {
+				t.Errorf("per-ip current_limit = %v, want 3 per MINUTE named per-ip", lim)
+			}
+			if d := last.Statuses[1].DurationUntilReset.AsDuration(); d <= 0 || d > 60e9 {
+				t.Errorf("per-ip duration_until_reset = %v, want within the minute", d)
+			}
+			headers := map[string]string{}
+			for _, h := range last.ResponseHeadersToAdd {
+				headers[h.Key] = h.Value
+			}
+			if headers["Retry-After"] == "" || !strings.Contains(headers["RateLimit-Policy"], `"per-ip";q=3;w=60`) {
+				t.Errorf("response_headers_to_add = %v, want Retry-After and the RateLimit headers", headers)
+			}
+		})
+	}
+}
+
+// TestHostileRequests gets INVALID_ARGUMENT, with a message, for what tollgate cannot
+// decide: an unknown domain, no or too many descriptors, a huge value, per-descriptor
+// costs or limits, a huge hits_addend.
+func TestHostileRequests(t *testing.T) {
+	t.Parallel()
+	c := client(t, "redis://"+redistest.StartServer(t).Addr, false)
+	many := make([]*rlv3.RateLimitDescriptor, rls.MaxDescriptors+1)
+	for i := range many {
+		many[i] = descriptor("key1", "x")
+	}
+	override := descriptor("key1", "x")
+	override.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: 1}
+	perCost := descriptor("key1", "x")
+	perCost.HitsAddend = wrapperspb.UInt64(7)
+	for name, tc := range map[string]struct {
+		req  *rlsv3.RateLimitRequest
+		want string
+	}{
+		"unknown domain":      {&rlsv3.RateLimitRequest{Domain: "nope", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "x")}}, "unknown domain"},
+		"no descriptors":      {&rlsv3.RateLimitRequest{Domain: "rl"}, "no descriptors"},
+		"too many":            {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: many}, "at most 64"},
+		"huge value":          {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", strings.Repeat("v", 5000))}}, "longer than 1024 bytes"},
+		"huge hits":           {&rlsv3.RateLimitRequest{Domain: "rl", HitsAddend: 1 << 31, Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "x")}}, "cost must be from 0 to"},
+		"limit override":      {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{override}}, "limit override is not supported"},
+		"per-descriptor cost": {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{perCost}}, "hits_addend must equal"},
+		"repeated key":        {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "a", "key1", "b")}}, "appears twice"},
+	} {
+		_, err := c.ShouldRateLimit(context.Background(), tc.req)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want INVALID_ARGUMENT with %q", name, err, tc.want)
+		}
+	}
+}
