@@ -327,12 +327,16 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		s.Close()
 		return nil, err
 	}
-	s.handler = decision.NewHandler(s.eng, decision.Options{
+	mux := http.NewServeMux()
+	mux.Handle("/", decision.NewHandler(s.eng, decision.Options{
 		AdminToken: c.AdminToken,
 		Admin:      store,
 		Registry:   reg,
 		Logger:     log,
-	})
+	}))
+	// envoyproxy/ratelimit's HTTP endpoint, for its clients.
+	mux.Handle("POST /json", rls.New(s.eng, log).JSONHandler())
+	s.handler = mux
 	return s, nil
 }
 

@@ -11,9 +11,12 @@ package rls
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"time"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -21,6 +24,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
@@ -177,4 +181,50 @@ func unitOf(w time.Duration, q int64) (rlsv3.RateLimitResponse_RateLimit_Unit, u
 	}
 	secs := max(1, int64(w/time.Second))
 	return rlsv3.RateLimitResponse_RateLimit_SECOND, uint32(min(max(1, q/secs), 1<<32-1))
+}
+
+// JSONHandler answers envoyproxy/ratelimit's HTTP endpoint, POST /json: the
+// RateLimitRequest and RateLimitResponse in protobuf's JSON form, 200 when OK, 429
+// when over the limit, 400 with {"error": …} for a request it cannot decide, 503
+// when Redis is down and the failure mode is closed.
+func (s *Server) JSONHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, bounds.MaxBody+1))
+		if err != nil || len(body) > bounds.MaxBody {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("the body must be a RateLimitRequest of at most %d bytes", bounds.MaxBody))
+			return
+		}
+		var req rlsv3.RateLimitRequest
+		if err := protojson.Unmarshal(body, &req); err != nil {
+			writeError(w, http.StatusBadRequest, "not a RateLimitRequest in JSON: "+err.Error())
+			return
+		}
+		resp, err := s.ShouldRateLimit(r.Context(), &req)
+		if err != nil {
+			code := http.StatusBadRequest
+			if status.Code(err) == codes.Unavailable {
+				code = http.StatusServiceUnavailable
+			}
+			writeError(w, code, status.Convert(err).Message())
+			return
+		}
+		out, err := protojson.Marshal(resp)
+		if err != nil {
+			s.log.Error("encoding a RateLimitResponse", "err", err)
+			writeError(w, http.StatusInternalServerError, "internal error")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+		w.Write(out)
+	})
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	b, _ := json.Marshal(map[string]string{"error": msg})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(append(b, '\n'))
 }

@@ -3,6 +3,8 @@ package rls_test
 import (
 	"context"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -162,6 +164,46 @@ func TestHostileRequests(t *testing.T) {
 		_, err := c.ShouldRateLimit(context.Background(), tc.req)
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want INVALID_ARGUMENT with %q", name, err, tc.want)
+		}
+	}
+}
+
+// TestJSONEndpoint posts envoyproxy/ratelimit's /json requests: 200 until the limit,
+// then 429 with the statuses, and 400 with a message for garbage.
+func TestJSONEndpoint(t *testing.T) {
+	t.Parallel()
+	p, err := policy.Parse([]byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := redisstore.Open(redisstore.Config{URL: "redis://" + redistest.StartServer(t).Addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	eng, err := engine.New(engine.Config{Policy: p, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := rls.New(eng, nil).JSONHandler()
+	post := func(body string) (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(body)))
+		return rec.Code, rec.Body.String()
+	}
+	req := `{"domain": "rl", "descriptors": [{"entries": [{"key": "remote_address", "value": "192.0.2.9"}]}]}`
+	for i := range 4 {
+		code, body := post(req)
+		if want := map[bool]int{true: 200, false: 429}[i < 3]; code != want || !strings.Contains(body, `"overallCode"`) {
+			t.Fatalf("request %d: %d %s, want %d with the response", i+1, code, body, want)
+		}
+		if i == 3 && !strings.Contains(body, `"OVER_LIMIT"`) {
+			t.Errorf("over the limit: %s, want OVER_LIMIT", body)
+		}
+	}
+	for _, bad := range []string{`{`, `{"domain": "rl", "descriptors": "x"}`, `{"domain": "other", "descriptors": [{"entries": [{"key": "a", "value": "b"}]}]}`} {
+		if code, body := post(bad); code != 400 || !strings.Contains(body, `"error"`) {
+			t.Errorf("POST %s = %d %s, want 400 with an error", bad, code, body)
 		}
 	}
 }
