@@ -99,6 +99,9 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			}
 			q, w := algo.QuotaWindow(pick.Spec)
 			unit, per := unitOf(w, q)
+			if u, ok := calendarUnits[pick.Spec.Calendar.Unit]; ok {
+				unit, per = u, uint32(min(q, 1<<32-1))
+			}
 			st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: pick.Quota, RequestsPerUnit: per, Unit: unit}
 			remaining := pick.Remaining
 			if !v.Allowed && pick.Allowed {
@@ -160,6 +163,13 @@ func supported(d *rlv3.RateLimitDescriptor, cost int64) error {
 		return errors.New("a descriptor's hits_addend must equal the request's: all descriptors are decided together at one cost")
 	}
 	return nil
+}
+
+// calendarUnits are Envoy's units for calendar limits, whose windows vary in length.
+var calendarUnits = map[algo.CalendarUnit]rlsv3.RateLimitResponse_RateLimit_Unit{
+	algo.CalendarDay:   rlsv3.RateLimitResponse_RateLimit_DAY,
+	algo.CalendarWeek:  rlsv3.RateLimitResponse_RateLimit_WEEK,
+	algo.CalendarMonth: rlsv3.RateLimitResponse_RateLimit_MONTH,
 }
 
 // unitOf states a quota of q units per window w in Envoy's units: the largest unit
