@@ -26,13 +26,39 @@ const lostLimit = 1_000_000_000
 // asynchronous: a master killed under load may have admitted (and answered) charges
 // that its replica never received, and after the promotion the limit counts from the
 // replica's older value, so up to that many requests more are admitted in the same
-// window. The test drives a 3+3 cluster in closed loop, kills one master, and after
-// the promotion compares, for each key of the dead master, the admissions its
+// window. The test drives a 3+3 cluster, and a Sentinel group, in closed loop, kills
+// one master, and after the promotion compares, for each key of the dead master, the admissions its
 // clients saw with the count the promoted replica holds. It logs the figures (the
 // README's failover section quotes them) and asserts only that the loss is bounded
 // by what was admitted in the last moments before the kill.
 func TestFailoverLostCharges(t *testing.T) {
-	c := redistest.StartCluster(t, redistest.WithReplicas(1), redistest.WithNodeTimeout(failoverNodeTimeout))
+	t.Run("cluster", func(t *testing.T) {
+		c := redistest.StartCluster(t, redistest.WithReplicas(1), redistest.WithNodeTimeout(failoverNodeTimeout))
+		measureLostCharges(t, c.URL(), true, func(plans []engine.Plan) (func(int) bool, func()) {
+			dead := c.MasterForSlot(t, algo.Slot(plans[0].Check.Keys[0]))
+			replica := c.ReplicaOf(t, dead)
+			onDead := func(i int) bool { return c.MasterForSlot(t, algo.Slot(plans[i].Check.Keys[0])) == dead }
+			return onDead, func() {
+				dead.Kill()
+				untilBound(c.WaitPromoted(t, replica, 15*time.Second))
+			}
+		})
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		s := redistest.StartSentinel(t, redistest.WithDownAfter(failoverNodeTimeout))
+		measureLostCharges(t, s.URL(), false, func([]engine.Plan) (func(int) bool, func()) {
+			return func(int) bool { return true }, func() {
+				s.Master().Kill()
+				untilBound(s.WaitPromoted(t, s.Replica(), 20*time.Second).Announced)
+			}
+		})
+	})
+}
+
+// measureLostCharges runs the load on the Redis at url; failover names the keys of the
+// master it will kill, and kills it, returning once the failover is over. Then each
+// dead-master key's admissions are compared with its count in Redis.
+func measureLostCharges(t *testing.T, url string, cluster bool, failover func([]engine.Plan) (onDead func(int) bool, kill func())) {
 	p, err := policy.Parse(fmt.Appendf(nil, `
 domain: test
 failure: {mode: closed, timeout: 250ms}
@@ -44,7 +70,7 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := redisstore.Open(redisstore.Config{URL: c.URL(), Cluster: true})
+	store, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,11 +94,10 @@ rules:
 			t.Fatal(err)
 		}
 	}
-	dead := c.MasterForSlot(t, algo.Slot(plans[0].Check.Keys[0]))
-	replica := c.ReplicaOf(t, dead)
+	deadKey, kill := failover(plans)
 	onDead := make([]bool, keys)
-	for i, pl := range plans {
-		onDead[i] = c.MasterForSlot(t, algo.Slot(pl.Check.Keys[0])) == dead
+	for i := range plans {
+		onDead[i] = deadKey(i)
 	}
 
 	// seen[i] counts the store's admissions of key i.
@@ -109,9 +134,8 @@ rules:
 	time.Sleep(500 * time.Millisecond)
 	rate := float64(sent.Load()-before) / time.Since(t0).Seconds()
 	killedAt.Store(time.Now().UnixNano())
-	dead.Kill()
-	promoted := c.WaitPromoted(t, replica, 15*time.Second)
-	untilBound(promoted)
+	kill()
+	over := time.Now()
 	close(stop)
 	wg.Wait()
 
@@ -139,8 +163,8 @@ rules:
 		t.Fatal("no key on the killed master")
 	}
 	perKeyRate := rate / keys
-	t.Logf("load %.0f decisions/s over %d keys (%.0f/s a key), %d workers; master killed, replica promoted after %v",
-		rate, keys, perKeyRate, workers, promoted.Sub(time.Unix(0, killedAt.Load())).Round(time.Millisecond))
+	t.Logf("load %.0f decisions/s over %d keys (%.0f/s a key), %d workers; master killed, load stopped %v later (failover and the recovery bound)",
+		rate, keys, perKeyRate, workers, over.Sub(time.Unix(0, killedAt.Load())).Round(time.Millisecond))
 	t.Logf("the dead master's %d keys: %d admissions seen, %d counted by the promoted replica; charges lost: %d (%d keys lost some, at most %d on one key); %d failure-mode answers",
 		deadKeys, admitted, counted, lost, lostKeys, maxLost, degraded.Load())
 	if admitted == 0 {
