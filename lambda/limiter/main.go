@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
@@ -29,6 +30,7 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/awsredis"
 	"github.com/tollgate-dev/tollgate/shared/decision"
 	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/erl"
 	"github.com/tollgate-dev/tollgate/shared/policy"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/reload"
@@ -41,6 +43,10 @@ type config struct {
 	// GRPCListen serves Envoy's gRPC RateLimitService there too (TOLLGATE_GRPC_LISTEN /
 	// --grpc-listen; empty: not served). Not on Lambda.
 	GRPCListen string
+	// ERLConfig is a directory of envoyproxy/ratelimit configuration files, each
+	// served as its domain by the gRPC service and POST /json beside the policy's
+	// (TOLLGATE_ERL_CONFIG / --erl-config; see package erl).
+	ERLConfig  string
 	PolicyPath string // TOLLGATE_POLICY / --policy, default lambda/policy.yaml (policy.yaml next to the binary on Lambda)
 	PolicyJSON string // TOLLGATE_POLICY_JSON: an inline policy, instead of the file
 	PolicySSM  string // TOLLGATE_POLICY_SSM: an SSM parameter holding the policy, instead of the file
@@ -104,6 +110,7 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	c := config{
 		Listen:     or(getenv("TOLLGATE_LISTEN"), "127.0.0.1:8080"),
 		GRPCListen: getenv("TOLLGATE_GRPC_LISTEN"),
+		ERLConfig:  getenv("TOLLGATE_ERL_CONFIG"),
 		PolicyPath: getenv("TOLLGATE_POLICY"),
 		PolicyJSON: getenv("TOLLGATE_POLICY_JSON"),
 		PolicySSM:  getenv("TOLLGATE_POLICY_SSM"),
@@ -149,6 +156,7 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	fs := flag.NewFlagSet("limiter", flag.ContinueOnError)
 	fs.StringVar(&c.Listen, "listen", c.Listen, "address to listen on (env TOLLGATE_LISTEN)")
 	fs.StringVar(&c.GRPCListen, "grpc-listen", c.GRPCListen, "address to serve Envoy's gRPC RateLimitService on; empty: none (env TOLLGATE_GRPC_LISTEN)")
+	fs.StringVar(&c.ERLConfig, "erl-config", c.ERLConfig, "a directory of envoyproxy/ratelimit configuration files to serve over gRPC and /json (env TOLLGATE_ERL_CONFIG)")
 	fs.StringVar(&c.PolicyPath, "policy", c.PolicyPath, "policy file, YAML or JSON (env TOLLGATE_POLICY)")
 	fs.DurationVar(&c.PolicyPoll, "policy-poll", c.PolicyPoll, "how often to read the policy for a change; 0: only on SIGHUP (env TOLLGATE_POLICY_POLL)")
 	c.Server.flags(fs)
@@ -259,6 +267,7 @@ type service struct {
 	mini    *miniredis.Miniredis
 	eng     *engine.Engine
 	policy  *reload.Reloader
+	rls     *rls.Server
 }
 
 func (s *service) Close() {
@@ -322,6 +331,15 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		}
 		decider = b
 	}
+	// The engines of envoyproxy/ratelimit's domains come first, so that the store's
+	// circuit breakers take the policy's settings from the engine made last.
+	var domains map[string]*engine.Engine
+	if c.ERLConfig != "" {
+		if domains, err = erlEngines(c.ERLConfig, decider, metrics.Hooks(), log); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
 	s.eng, err = engine.New(engine.Config{Policy: p, Store: decider, Logger: log, Hooks: metrics.Hooks()})
 	if err != nil {
 		s.Close()
@@ -334,10 +352,47 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		Registry:   reg,
 		Logger:     log,
 	}))
+	s.rls = rls.New(s.eng, log)
+	if domains != nil {
+		domains[p.Domain] = s.eng
+		s.rls = rls.NewDomains(domains, log)
+	}
 	// envoyproxy/ratelimit's HTTP endpoint, for its clients.
-	mux.Handle("POST /json", rls.New(s.eng, log).JSONHandler())
+	mux.Handle("POST /json", s.rls.JSONHandler())
 	s.handler = mux
 	return s, nil
+}
+
+// erlEngines loads every envoyproxy/ratelimit configuration file (*.yaml, *.yml) in
+// dir, translated (package erl) and validated, into an engine per domain on store.
+func erlEngines(dir string, store engine.Store, hooks engine.Hooks, log *slog.Logger) (map[string]*engine.Engine, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.y*ml"))
+	if err != nil || len(files) == 0 {
+		return nil, fmt.Errorf("--erl-config %s: no *.yaml or *.yml files", dir)
+	}
+	out := map[string]*engine.Engine{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		domain, doc, err := erl.Translate(data)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		if _, dup := out[domain]; dup {
+			return nil, fmt.Errorf("%s: domain %s is in another file too", f, domain)
+		}
+		p, err := policy.Parse(doc)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		if out[domain], err = engine.New(engine.Config{Policy: p, Store: store, Logger: log, Hooks: hooks}); err != nil {
+			return nil, err
+		}
+		log.Info("envoyproxy/ratelimit configuration loaded", "file", f, "domain", domain, "rules", len(p.Rules))
+	}
+	return out, nil
 }
 
 // refreshing reads the policy's source before a request when it was last read at
@@ -403,7 +458,7 @@ func run(ctx context.Context, getenv func(string) string, args []string, log *sl
 			return fmt.Errorf("--grpc-listen: %w", err)
 		}
 		gs := grpc.NewServer()
-		rlsv3.RegisterRateLimitServiceServer(gs, rls.New(s.eng, log))
+		rlsv3.RegisterRateLimitServiceServer(gs, s.rls)
 		go func() {
 			if err := gs.Serve(gln); err != nil {
 				log.Error("gRPC server stopped", "err", err)

@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -124,5 +127,40 @@ rules:
 	_, out = runPolicy(t, "explain", f, "api_key=k-internal")
 	if !strings.Contains(out, "rule internal: applies (unlimited: admits without a limit)") || !strings.Contains(out, "rule per-key: applies, but internal replaces it") {
 		t.Errorf("explain k-internal:\n%s\nwant internal unlimited and per-key replaced", out)
+	}
+}
+
+// TestERLConfigServed starts the service as main does with envoyproxy/ratelimit's
+// integration configurations and asks POST /json for a domain of each: the ERL
+// domains and the policy's are all served.
+func TestERLConfigServed(t *testing.T) {
+	c, err := loadConfig(env(map[string]string{"TOLLGATE_POLICY": "../policy.yaml", "TOLLGATE_ERL_CONFIG": t.TempDir()}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newService(context.Background(), c, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "no *.yaml") {
+		t.Errorf("newService with an empty ERL directory = %v, want an error naming the missing files", err)
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"basic.yaml", "another.yaml"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "shared", "erl", "testdata", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, f), b, 0o600)
+	}
+	c.ERLConfig = dir
+	s, err := newService(context.Background(), c, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for domain, entry := range map[string]string{"basic": "key1", "another": "key2", "public-api": "api_key"} {
+		rec := httptest.NewRecorder()
+		body := `{"domain": "` + domain + `", "descriptors": [{"entries": [{"key": "` + entry + `", "value": "v"}]}]}`
+		s.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(body)))
+		if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `"OK"`) {
+			t.Errorf("POST /json for domain %s = %d %s, want 200 OK", domain, rec.Code, rec.Body)
+		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -30,6 +31,7 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/bounds"
 	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/erl"
 )
 
 // MaxDescriptors bounds the descriptors of one request.
@@ -38,8 +40,9 @@ const MaxDescriptors = bounds.MaxAttributes
 // Server is the RateLimitService on an engine.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	eng *engine.Engine
-	log *slog.Logger
+	eng     *engine.Engine            // the one engine, or nil
+	domains map[string]*engine.Engine // by domain, when there are several
+	log     *slog.Logger
 }
 
 // New returns the service on eng.
@@ -50,16 +53,39 @@ func New(eng *engine.Engine, log *slog.Logger) *Server {
 	return &Server{eng: eng, log: log}
 }
 
+// NewDomains returns the service on an engine per domain (one per
+// envoyproxy/ratelimit configuration file, see package erl).
+func NewDomains(domains map[string]*engine.Engine, log *slog.Logger) *Server {
+	s := New(nil, log)
+	s.domains = domains
+	return s
+}
+
+// engine returns the engine of a domain.
+func (s *Server) engine(domain string) (*engine.Engine, error) {
+	if s.eng != nil {
+		return s.eng, nil
+	}
+	if e, ok := s.domains[domain]; ok {
+		return e, nil
+	}
+	return nil, fmt.Errorf("unknown domain %.64q", domain)
+}
+
 // ShouldRateLimit decides every descriptor of req together. A caller's mistake is
 // INVALID_ARGUMENT; a Redis failure under the failure mode closed is UNAVAILABLE, so
 // that Envoy's failure_mode_deny decides, and under open or local an answer.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	plans, err := s.plan(req)
+	eng, err := s.engine(req.GetDomain())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	plans, err := plan(eng, req)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	joint, idx := engine.Join(plans)
-	v := s.eng.Decide(ctx, joint)
+	v := eng.Decide(ctx, joint)
 	if v.Reason == engine.ReasonUnavailable {
 		return nil, status.Error(codes.Unavailable, "tollgate: Redis is unavailable and the policy's failure mode is closed")
 	}
@@ -119,8 +145,8 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	return resp, nil
 }
 
-// plan turns each descriptor into a plan of the engine.
-func (s *Server) plan(req *rlsv3.RateLimitRequest) ([]engine.Plan, error) {
+// plan turns each descriptor into a plan of eng.
+func plan(eng *engine.Engine, req *rlsv3.RateLimitRequest) ([]engine.Plan, error) {
 	switch n := len(req.GetDescriptors()); {
 	case n == 0:
 		return nil, errors.New("no descriptors; send at least one")
@@ -136,14 +162,18 @@ func (s *Server) plan(req *rlsv3.RateLimitRequest) ([]engine.Plan, error) {
 		if err := supported(d, cost); err != nil {
 			return nil, fmt.Errorf("descriptors[%d]: %w", i, err)
 		}
-		attrs := make(map[string]string, len(d.GetEntries()))
+		attrs := make(map[string]string, len(d.GetEntries())+1)
+		keys := make([]string, 0, len(d.GetEntries()))
 		for j, e := range d.GetEntries() {
-			if _, dup := attrs[e.GetKey()]; dup {
-				return nil, fmt.Errorf("descriptors[%d].entries[%d]: key %.64q appears twice", i, j, e.GetKey())
+			if _, dup := attrs[e.GetKey()]; dup || e.GetKey() == erl.KeysAttribute {
+				return nil, fmt.Errorf("descriptors[%d].entries[%d]: key %.64q appears twice or is reserved", i, j, e.GetKey())
 			}
 			attrs[e.GetKey()] = e.GetValue()
+			keys = append(keys, e.GetKey())
 		}
-		p, err := s.eng.Plan(engine.Request{Domain: req.GetDomain(), Attributes: attrs, Cost: cost})
+		// Rules translated from envoyproxy/ratelimit's configuration match on it.
+		attrs[erl.KeysAttribute] = strings.Join(keys, ",")
+		p, err := eng.Plan(engine.Request{Domain: req.GetDomain(), Attributes: attrs, Cost: cost})
 		if err != nil {
 			return nil, fmt.Errorf("descriptors[%d]: %w", i, err)
 		}

@@ -1,0 +1,262 @@
+// Package erl reads envoyproxy/ratelimit (ERL) configuration files as they are and
+// turns each into a tollgate policy document, which policy.Parse then validates like
+// any other, so that tollgate's gRPC service (package rls) answers Envoy with the
+// limits an ERL deployment already has.
+//
+// ERL matches a request's descriptor entry by entry down its tree of descriptors,
+// taking at each level the node for the entry's exact value, else one whose wildcard
+// value ("foo*") matches, else the node for the key alone; the limit is the one of the
+// node the last entry reaches. tollgate keeps this:
+//
+//   - every node with a rate_limit becomes a rule matching the keys of its path,
+//     each to its value (exact, prefix, or "*" for the key alone), plus the
+//     descriptor.keys attribute (the descriptor's keys in order, joined by ","), which
+//     the rls package sets, so that a rule applies only to descriptors of exactly its
+//     keys, as ERL's walk does;
+//   - a more specific node takes the place of its less specific siblings: for each of
+//     the latter's rules an unlimited rule under the former replaces it, so that a
+//     request that reaches the specific node gets its limits, or none, never the
+//     generic one's.
+//
+// Limits are fixed windows aligned to the epoch, as ERL's: unit second, minute, hour
+// and day as they are, week 7 days, month 30 days, year 365 days.
+package erl
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// KeysAttribute is the attribute that carries a descriptor's keys, in order, joined
+// by ",".
+const KeysAttribute = "descriptor.keys"
+
+type rateLimit struct {
+	RequestsPerUnit uint32 `yaml:"requests_per_unit"`
+	Unit            string `yaml:"unit"`
+	Unlimited       bool   `yaml:"unlimited"`
+	Name            string `yaml:"name"`
+	Replaces        []struct {
+		Name string `yaml:"name"`
+	} `yaml:"replaces"`
+}
+
+type descriptor struct {
+	Key            string       `yaml:"key"`
+	Value          string       `yaml:"value"`
+	RateLimit      *rateLimit   `yaml:"rate_limit"`
+	Descriptors    []descriptor `yaml:"descriptors"`
+	ShadowMode     bool         `yaml:"shadow_mode"`
+	QuotaMode      bool         `yaml:"quota_mode"`
+	DetailedMetric bool         `yaml:"detailed_metric"`
+	ValueToMetric  bool         `yaml:"value_to_metric"`
+	ShareThreshold bool         `yaml:"share_threshold"`
+}
+
+type root struct {
+	Domain      string       `yaml:"domain"`
+	Descriptors []descriptor `yaml:"descriptors"`
+}
+
+// units maps ERL's units to tollgate's periods.
+var units = map[string]string{"second": "s", "minute": "min", "hour": "h", "day": "day", "week": "7day", "month": "30day", "year": "365day"}
+
+// step is one level of a rule's path: a key and what its value must be.
+type step struct {
+	key, match string
+	rank       int // 2 exact, 1 wildcard, 0 the key alone: ERL's order of preference
+}
+
+type rule struct {
+	name      string
+	path      []step
+	limit     string // tollgate's limit, or "" for unlimited
+	shadow    bool
+	replaces  []string
+	guardOnly bool
+}
+
+// Translate turns one ERL configuration file into a tollgate policy document for its
+// domain. It refuses, naming the descriptor, what it cannot keep ERL's meaning of.
+func Translate(data []byte) (domain string, policy []byte, err error) {
+	var r root
+	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	dec.KnownFields(true)
+	if err := dec.Decode(&r); err != nil {
+		return "", nil, fmt.Errorf("erl: %w", err)
+	}
+	if r.Domain == "" {
+		return "", nil, errors.New("erl: domain is empty")
+	}
+	var t translator
+	if err := t.walk(nil, "descriptors", r.Descriptors); err != nil {
+		return "", nil, err
+	}
+	if len(t.rules) == 0 {
+		return "", nil, fmt.Errorf("erl: domain %s: no descriptor has a rate_limit", r.Domain)
+	}
+	return r.Domain, t.document(r.Domain), nil
+}
+
+type translator struct {
+	rules []*rule
+	names map[string]bool
+}
+
+// walk translates the descriptors under the path parent, then adds the guards that
+// let a specific node take the place of its generic siblings.
+func (t *translator) walk(parent []step, where string, ds []descriptor) error {
+	var below [][]*rule // per descriptor, the rules of its subtree
+	var steps []step
+	seen := map[string]bool{}
+	for i, d := range ds {
+		at := fmt.Sprintf("%s[%d]", where, i)
+		if d.Key == "" {
+			return fmt.Errorf("erl: %s: key is empty", at)
+		}
+		s := step{key: d.Key, match: "*"}
+		switch {
+		case d.Value == "":
+		case strings.HasSuffix(d.Value, "*"):
+			if !d.ShareThreshold {
+				return fmt.Errorf("erl: %s: wildcard value %q without share_threshold counts each value apart, which tollgate cannot express yet; set share_threshold: true to share one count", at, d.Value)
+			}
+			s.match, s.rank = d.Value, 1
+		default:
+			s.match, s.rank = exact(d.Value), 2
+		}
+		if seen[d.Key+"\x00"+d.Value] {
+			return fmt.Errorf("erl: %s: key %q value %q appears twice", at, d.Key, d.Value)
+		}
+		seen[d.Key+"\x00"+d.Value] = true
+		path := append(append([]step(nil), parent...), s)
+		first := len(t.rules)
+		if rl := d.RateLimit; rl != nil {
+			if len(rl.Replaces) > 0 {
+				return fmt.Errorf("erl: %s: replaces acts across the descriptors of a request, which tollgate does not do yet", at)
+			}
+			r := &rule{name: t.name(rl.Name, path), path: path, shadow: d.ShadowMode}
+			if !rl.Unlimited {
+				u, ok := units[strings.ToLower(rl.Unit)]
+				if !ok || rl.RequestsPerUnit == 0 {
+					return fmt.Errorf("erl: %s: rate_limit wants requests_per_unit above 0 and a unit of second, minute, hour, day, week, month or year (got %d per %q)", at, rl.RequestsPerUnit, rl.Unit)
+				}
+				r.limit = fmt.Sprintf("{algorithm: fixed_window, rate: %d/%s}", rl.RequestsPerUnit, u)
+			}
+			t.rules = append(t.rules, r)
+		}
+		if err := t.walk(path, at+".descriptors", d.Descriptors); err != nil {
+			return err
+		}
+		below = append(below, t.rules[first:])
+		steps = append(steps, s)
+	}
+	// A node takes the place of its siblings of the same key and a lower rank.
+	for i, si := range steps {
+		for j, sj := range steps {
+			if si.key != sj.key || si.rank <= sj.rank {
+				continue
+			}
+			for _, generic := range below[j] {
+				if generic.guardOnly {
+					continue
+				}
+				guard := &rule{path: append([]step(nil), generic.path...), replaces: []string{generic.name}, guardOnly: true}
+				guard.path[len(parent)] = si
+				guard.name = t.name("", append(guard.path, step{key: "over", match: generic.name}))
+				t.rules = append(t.rules, guard)
+			}
+			_ = i
+		}
+	}
+	return nil
+}
+
+// exact writes value so that tollgate matches it exactly: as it is, or, when it would
+// read as one of tollgate's patterns, as an anchored expression.
+func exact(v string) string {
+	if v == "*" || strings.HasPrefix(v, "!") || strings.HasPrefix(v, "~") || strings.HasSuffix(v, "*") || strings.Contains(v, "{") {
+		return "~^" + regexp.QuoteMeta(v) + "$"
+	}
+	return v
+}
+
+var nameRE = regexp.MustCompile(`[^a-z0-9_.-]+`)
+
+// name returns a unique rule name: ERL's name, or one made of the path.
+func (t *translator) name(given string, path []step) string {
+	if t.names == nil {
+		t.names = map[string]bool{}
+	}
+	base := given
+	if base == "" {
+		parts := make([]string, len(path))
+		for i, s := range path {
+			parts[i] = s.key
+			if s.match != "*" {
+				parts[i] += "_" + s.match
+			}
+		}
+		base = strings.Join(parts, ".")
+	}
+	n := strings.Trim(nameRE.ReplaceAllString(strings.ToLower(base), "-"), "-._")
+	if n == "" || len(n) > 50 {
+		sum := sha256.Sum256([]byte(base))
+		n = strings.TrimRight(n[:min(len(n), 40)], "-._") + "-" + hex.EncodeToString(sum[:4])
+		n = strings.TrimLeft(n, "-._")
+	}
+	for i := 2; t.names[n]; i++ {
+		n = fmt.Sprintf("%s-%d", strings.TrimSuffix(n, fmt.Sprintf("-%d", i-1)), i)
+	}
+	t.names[n] = true
+	return n
+}
+
+// document writes the rules as a tollgate policy.
+func (t *translator) document(domain string) []byte {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Translated from envoyproxy/ratelimit's configuration of domain %s.\n", domain)
+	fmt.Fprintf(&b, "domain: %s\nrules:\n", yamlString(domain))
+	for _, r := range t.rules {
+		fmt.Fprintf(&b, "  - name: %s\n    match: {%s: %s", r.name, KeysAttribute, yamlString(keysOf(r.path)))
+		for _, s := range r.path {
+			fmt.Fprintf(&b, ", %s: %s", yamlString(s.key), yamlString(s.match))
+		}
+		b.WriteString("}\n")
+		switch {
+		case r.limit == "":
+			b.WriteString("    unlimited: true\n")
+		default:
+			fmt.Fprintf(&b, "    limits: [%s]\n", r.limit)
+		}
+		if r.shadow {
+			b.WriteString("    shadow: true\n")
+		}
+		if len(r.replaces) > 0 {
+			fmt.Fprintf(&b, "    replaces: [%s]\n", strings.Join(r.replaces, ", "))
+		}
+	}
+	return []byte(b.String())
+}
+
+func keysOf(path []step) string {
+	keys := make([]string, len(path))
+	for i, s := range path {
+		keys[i] = s.key
+	}
+	return strings.Join(keys, ",")
+}
+
+// yamlString quotes s for YAML, flow collections included: a JSON string is a YAML
+// double-quoted scalar.
+func yamlString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}

@@ -1,0 +1,104 @@
+package erl_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/tollgate-dev/tollgate/shared/erl"
+	"github.com/tollgate-dev/tollgate/shared/policy"
+)
+
+func TestTranslateRefuses(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ doc, want string }{
+		{"descriptors: []\n", "domain is empty"},
+		{"domain: d\ndescriptors: [{value: x}]\n", "descriptors[0]: key is empty"},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {unit: fortnight, requests_per_unit: 5}}]\n", "unit of second, minute, hour, day, week, month or year"},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {unit: second}}]\n", "requests_per_unit above 0"},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: x}]}}]\n", "replaces acts across the descriptors"},
+		{"domain: d\ndescriptors: [{key: k, colour: red}]\n", "field colour not found"},
+		{"domain: d\ndescriptors: [{key: k, value: v}, {key: k, value: v}]\n", "appears twice"},
+		{"domain: d\ndescriptors: [{key: k, descriptors: [{key: p, value: 'a*'}]}]\n", `descriptors[0].descriptors[0]: wildcard value "a*" without share_threshold`},
+		{"domain: d\ndescriptors: [{key: k}]\n", "no descriptor has a rate_limit"},
+	} {
+		if _, _, err := erl.Translate([]byte(tt.doc)); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Translate(%q) = %v, want an error with %q", tt.doc, err, tt.want)
+		}
+	}
+}
+
+// TestTranslateValues keeps ERL's exact values exact, even those that would read as
+// tollgate patterns, and its units, shadow mode and unlimited limits.
+func TestTranslateValues(t *testing.T) {
+	t.Parallel()
+	_, doc, err := erl.Translate([]byte(`domain: d
+descriptors:
+  - {key: path, value: "/users/{id}", rate_limit: {unit: week, requests_per_unit: 7}}
+  - {key: path, value: "!x", shadow_mode: true, rate_limit: {unit: month, requests_per_unit: 30}}
+  - {key: path, value: "/free", rate_limit: {unlimited: true}}
+  - {key: ua, value: "curl*", share_threshold: true, rate_limit: {unit: year, requests_per_unit: 1, name: Curl Agents}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Parse(doc)
+	if err != nil {
+		t.Fatalf("Parse = %v\n%s", err, doc)
+	}
+	for _, c := range []struct {
+		rule, attr, value string
+		applies           bool
+	}{
+		{"path_-users-id", "path", "/users/{id}", true},
+		{"path_-users-id", "path", "/users/7", false},
+		{"path_-x", "path", "!x", true},
+		{"path_-x", "path", "y", false},
+		{"curl-agents", "ua", "curl/8", true},
+	} {
+		var r *policy.Rule
+		for _, x := range p.Rules {
+			if x.Name == c.rule {
+				r = x
+			}
+		}
+		if r == nil {
+			t.Fatalf("no rule %s in\n%s", c.rule, doc)
+		}
+		attrs := map[string]string{erl.KeysAttribute: c.attr, c.attr: c.value}
+		if got := r.WhyNot(attrs) == ""; got != c.applies {
+			t.Errorf("rule %s on %s=%q applies: %v, want %v", c.rule, c.attr, c.value, got, c.applies)
+		}
+	}
+	for _, want := range []string{"rate: 7/7day", "shadow: true", "rate: 30/30day", "unlimited: true", "rate: 1/365day"} {
+		if !strings.Contains(string(doc), want) {
+			t.Errorf("translation lacks %q:\n%s", want, doc)
+		}
+	}
+}
+
+// FuzzTranslate translates any document: never a panic, and every translation it
+// accepts is a policy tollgate parses.
+func FuzzTranslate(f *testing.F) {
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n    descriptors: [{key: p, value: '/x', rate_limit: {unit: minute, requests_per_unit: 1}}]\n  - {key: k, value: v, rate_limit: {unlimited: true}}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_, doc, err := erl.Translate(data)
+		if err != nil {
+			return
+		}
+		// ERL takes any key and domain; tollgate's attribute and domain names are
+		// narrower, and the policy says so. Anything else is the translator's fault.
+		_, err = policy.Parse(doc)
+		ve, ok := errors.AsType[*policy.ValidationError](err)
+		if err != nil && !ok {
+			t.Fatalf("Parse = %v", err)
+		}
+		if ok {
+			for _, p := range ve.Problems {
+				if p.Path != "domain" && !strings.Contains(p.Path, ".match.") {
+					t.Fatalf("the translation of %q does not parse: %v\n%s", data, p, doc)
+				}
+			}
+		}
+	})
+}

@@ -1,0 +1,226 @@
+package rls_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/erl"
+	"github.com/tollgate-dev/tollgate/shared/policy"
+	"github.com/tollgate-dev/tollgate/shared/redisstore"
+	"github.com/tollgate-dev/tollgate/shared/redistest"
+	"github.com/tollgate-dev/tollgate/shared/rls"
+)
+
+// erlClient serves the ERL configuration documents (one domain each) on a real Redis
+// at url over gRPC on loopback.
+func erlClient(t *testing.T, url string, cluster bool, configs ...[]byte) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	st, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	domains := map[string]*engine.Engine{}
+	for _, c := range configs {
+		domain, doc, err := erl.Translate(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := policy.Parse(doc)
+		if err != nil {
+			t.Fatalf("the translation of domain %s does not parse: %v\n%s", domain, err, doc)
+		}
+		if domains[domain], err = engine.New(engine.Config{Policy: p, Store: st}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(srv, rls.NewDomains(domains, nil))
+	go srv.Serve(ln)
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return rlsv3.NewRateLimitServiceClient(conn)
+}
+
+func erlConfig(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "erl", "testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func request(domain string, descriptors ...*rlv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+	return &rlsv3.RateLimitRequest{Domain: domain, Descriptors: descriptors, HitsAddend: 1}
+}
+
+// wantStatus checks one descriptor status the way ERL's integration test does: code,
+// requests_per_unit, unit and remaining.
+func wantStatus(t *testing.T, what string, st *rlsv3.RateLimitResponse_DescriptorStatus, code rlsv3.RateLimitResponse_Code, per uint32, unit rlsv3.RateLimitResponse_RateLimit_Unit, remaining uint32) {
+	t.Helper()
+	if st.GetCode() != code || st.GetCurrentLimit().GetRequestsPerUnit() != per || st.GetCurrentLimit().GetUnit() != unit || st.GetLimitRemaining() != remaining {
+		t.Errorf("%s: %v %d/%v remaining %d, want %v %d/%v remaining %d", what, st.GetCode(), st.GetCurrentLimit().GetRequestsPerUnit(), st.GetCurrentLimit().GetUnit(), st.GetLimitRemaining(), code, per, unit, remaining)
+	}
+}
+
+// TestERLIntegrationScenarios replays envoyproxy/ratelimit's own integration scenarios
+// (its test/integration configurations basic.yaml, another.yaml and
+// share_threshold.yaml, loaded as they are) over gRPC on a real Redis, standalone and
+// cluster, with ERL's expected answers. The differences, each on purpose:
+//   - two descriptors in one request: once one is over its limit, the other is not
+//     charged (ERL's StopCacheKeyIncrementWhenOverlimit gives the same numbers);
+//   - an answer from the deny cache carries the denying descriptor's limit only;
+//   - a wildcard value without share_threshold (per-value counts) is refused at load.
+func TestERLIntegrationScenarios(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		url     func(t *testing.T) string
+		cluster bool
+	}{
+		{"standalone", func(t *testing.T) string { return "redis://" + redistest.StartServer(t).Addr }, false},
+		{"cluster", func(t *testing.T) string { return redistest.StartCluster(t).URL() }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			share := strings.Split(string(erlConfig(t, "share_threshold.yaml")), "\n  - key: files_no_share")[0]
+			c := erlClient(t, tc.url(t), tc.cluster, erlConfig(t, "basic.yaml"), erlConfig(t, "another.yaml"), []byte(share))
+			ctx := context.Background()
+			const (
+				ok   = rlsv3.RateLimitResponse_OK
+				over = rlsv3.RateLimitResponse_OVER_LIMIT
+			)
+			resp, err := c.ShouldRateLimit(ctx, request("basic", descriptor("key1", "foo")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantStatus(t, "basic key1", resp.Statuses[0], ok, 50, rlsv3.RateLimitResponse_RateLimit_SECOND, 49)
+
+			// Over a 20 per minute limit on a fresh value.
+			v := fmt.Sprint(time.Now().UnixNano())
+			for i := range 25 {
+				resp, err := c.ShouldRateLimit(ctx, request("another", descriptor("key2", v)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				code, rem := ok, uint32(20-(i+1))
+				if i >= 20 {
+					code, rem = over, 0
+				}
+				if resp.OverallCode != code {
+					t.Fatalf("another key2 request %d: %v, want %v", i+1, resp.OverallCode, code)
+				}
+				wantStatus(t, fmt.Sprintf("another key2 request %d", i+1), resp.Statuses[0], code, 20, rlsv3.RateLimitResponse_RateLimit_MINUTE, rem)
+			}
+
+			// Two descriptors in one request: key3 (10 per hour) goes over first.
+			v = fmt.Sprint(time.Now().UnixNano())
+			for i := range 15 {
+				resp, err := c.ShouldRateLimit(ctx, request("another", descriptor("key2", v), descriptor("key3", v)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				code, rem1, rem2 := ok, uint32(20-(i+1)), uint32(10-(i+1))
+				if i >= 10 {
+					code, rem1, rem2 = over, 10, 0
+				}
+				if resp.OverallCode != code {
+					t.Fatalf("another key2+key3 request %d: %v, want %v", i+1, resp.OverallCode, code)
+				}
+				what := fmt.Sprintf("another key2+key3 request %d", i+1)
+				wantStatus(t, what+" key3", resp.Statuses[1], code, 10, rlsv3.RateLimitResponse_RateLimit_HOUR, rem2)
+				if i <= 10 { // from the 12th on the deny cache answers with key3's limit alone
+					wantStatus(t, what+" key2", resp.Statuses[0], ok, 20, rlsv3.RateLimitResponse_RateLimit_MINUTE, rem1)
+				}
+			}
+
+			// share_threshold: every value under files/ shares one count of 10 per hour.
+			for i := range 10 {
+				if _, err := c.ShouldRateLimit(ctx, request("share-threshold-test", descriptor("files", fmt.Sprintf("files/%d.pdf", i%2)))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			resp, err = c.ShouldRateLimit(ctx, request("share-threshold-test", descriptor("files", "files/b.csv")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.OverallCode != over {
+				t.Fatalf("share-threshold files/b.csv after 10: %v, want OVER_LIMIT", resp.OverallCode)
+			}
+			wantStatus(t, "share-threshold files/b.csv", resp.Statuses[0], over, 10, rlsv3.RateLimitResponse_RateLimit_HOUR, 0)
+		})
+	}
+	if _, _, err := erl.Translate(erlConfig(t, "share_threshold.yaml")); err == nil || !strings.Contains(err.Error(), "files_no_share/*") {
+		t.Errorf("Translate(share_threshold.yaml) = %v, want files_no_share's per-value wildcard refused by name", err)
+	}
+}
+
+// TestERLSpecificity checks ERL's walk on nested descriptors: the exact value wins over
+// the key alone at each level, a specific node without the request's next key gives no
+// limit (ERL does not fall back to the generic node), and a descriptor of other keys
+// than a rule's never meets it.
+func TestERLSpecificity(t *testing.T) {
+	t.Parallel()
+	conf := []byte(`domain: nested
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 5}
+    descriptors:
+      - key: path
+        rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: remote_address
+    value: 10.0.0.1
+    rate_limit: {unit: minute, requests_per_unit: 100}
+`)
+	c := erlClient(t, "redis://"+redistest.StartServer(t).Addr, false, conf)
+	count := func(ds ...*rlv3.RateLimitDescriptor) (admitted int, rpu uint32) {
+		for range 10 {
+			resp, err := c.ShouldRateLimit(context.Background(), request("nested", ds...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+				admitted++
+			}
+			rpu = resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit()
+		}
+		return admitted, rpu
+	}
+	for _, tt := range []struct {
+		what     string
+		d        *rlv3.RateLimitDescriptor
+		admitted int
+		rpu      uint32
+	}{
+		{"a client by address", descriptor("remote_address", "192.0.2.1"), 5, 5},
+		{"a client by address and path", descriptor("remote_address", "192.0.2.2", "path", "/x"), 3, 3},
+		{"the specific address", descriptor("remote_address", "10.0.0.1"), 10, 100},
+		{"the specific address and a path: no limit, as in ERL", descriptor("remote_address", "10.0.0.1", "path", "/x"), 10, 0},
+		{"unknown keys", descriptor("path", "/x"), 10, 0},
+	} {
+		admitted, rpu := count(tt.d)
+		if admitted != tt.admitted || rpu != tt.rpu {
+			t.Errorf("%s: %d of 10 admitted under %d per unit, want %d under %d", tt.what, admitted, rpu, tt.admitted, tt.rpu)
+		}
+	}
+}
