@@ -3,7 +3,6 @@ package rls_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,8 +11,6 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/erl"
@@ -46,20 +43,7 @@ func erlClient(t *testing.T, url string, cluster bool, configs ...[]byte) rlsv3.
 			t.Fatal(err)
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	rlsv3.RegisterRateLimitServiceServer(srv, rls.NewDomains(domains, nil))
-	go srv.Serve(ln)
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return rlsv3.NewRateLimitServiceClient(conn)
+	return serve(t, rls.NewDomains(domains, nil))
 }
 
 func erlConfig(t *testing.T, name string) []byte {

@@ -45,14 +45,20 @@ func client(t *testing.T, url string, cluster bool) rlsv3.RateLimitServiceClient
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serve(t, rls.New(eng, nil))
+}
+
+// serve runs srv behind a gRPC server on loopback and returns a client of it.
+func serve(t *testing.T, srv *rls.Server) rlsv3.RateLimitServiceClient {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer()
-	rlsv3.RegisterRateLimitServiceServer(srv, rls.New(eng, nil))
-	go srv.Serve(ln)
-	t.Cleanup(srv.Stop)
+	gs := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(gs, srv)
+	go gs.Serve(ln)
+	t.Cleanup(gs.Stop)
 	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
