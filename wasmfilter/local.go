@@ -40,7 +40,7 @@ func newLocalLimiter(c *config, clock func() time.Time) *localLimiter {
 // decide charges cost on every local limit whose key attributes the request carries,
 // all or nothing.
 func (l *localLimiter) decide(attrs []value, cost int64, now time.Time) localVerdict {
-	check := algo.Check{Cost: cost, Now: now.UnixMicro()}
+	check := algo.Check{Cost: cost, NowMicros: now.UnixMicro()}
 	var names []string
 	var specs []algo.Meter
 	for _, lim := range l.limits {

@@ -41,7 +41,7 @@ func bucketRing(m Meter, s State, now, cost int64) (State, []Decision) {
 	}
 	var ns State
 	if allowed {
-		ns = State{Set: true, Window: cur, Buckets: make([]int64, size), Expires: (cur + size) * w}
+		ns = State{Set: true, Window: cur, Buckets: make([]int64, size), ExpiresMicros: (cur + size) * w}
 		for j := max(cur-size+1, last-size+1); set && j <= last; j++ {
 			ns.Buckets[mod(j, size)] = bucket(j)
 		}

@@ -74,7 +74,7 @@ func TestCalendarQuotaResets(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := st.Decide(context.Background(), algo.Check{Keys: []string{"k"}, Meters: []algo.Meter{m}, Cost: 1, Now: now.UnixMicro()})
+		out, err := st.Decide(context.Background(), algo.Check{Keys: []string{"k"}, Meters: []algo.Meter{m}, Cost: 1, NowMicros: now.UnixMicro()})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -136,9 +136,9 @@ type State struct {
 	Buckets []int64
 	// Records counts the recorded values of a fixed_window's current window.
 	Records map[string]int64
-	// Expires is when the state becomes equal to the empty state, in Unix microseconds:
-	// the key's TTL in Redis.
-	Expires int64
+	// ExpiresMicros is when the state becomes equal to the empty state, in Unix
+	// microseconds: the key's TTL in Redis.
+	ExpiresMicros int64
 }
 
 // Step decides one request of cost units on meter m, in state s, at now. It returns

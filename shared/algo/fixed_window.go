@@ -62,7 +62,7 @@ func fixedWindow(l Limit, s State, now, cost int64, record string) (State, Decis
 		}
 		return ns, d
 	}
-	ns := State{Set: true, Window: w, Count: used + cost, Expires: end}
+	ns := State{Set: true, Window: w, Count: used + cost, ExpiresMicros: end}
 	if s.Set && off == 0 && w == s.Window+1 {
 		ns.Prev = s.Count
 	}

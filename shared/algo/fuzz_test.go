@@ -249,11 +249,11 @@ func checkStep(t *testing.T, m algo.Meter, st algo.State, now, cost int64) algo.
 		fail("%s = %+v; %v after the longest ResetAfter %v, %+v, want every limit full", call(), ds, slack, reset, later)
 	}
 	if allowed && ns.Set {
-		at := ns.Expires + int64(slack/time.Microsecond)
+		at := ns.ExpiresMicros + int64(slack/time.Microsecond)
 		_, got := m.StepMicros(ns, at, 1)
 		_, want := m.StepMicros(algo.State{}, at, 1)
 		if !reflect.DeepEqual(got, want) {
-			fail("%s: %v after Expires %d the state decides %+v, want %+v as the empty state", call(), slack, ns.Expires, got, want)
+			fail("%s: %v after Expires %d the state decides %+v, want %+v as the empty state", call(), slack, ns.ExpiresMicros, got, want)
 		}
 	}
 	return ns
@@ -317,7 +317,7 @@ func FuzzParseDecideReply(f *testing.F) {
 		if !reflect.DeepEqual(fromInts, fromAny) {
 			t.Fatalf("ParseDecideInts = %+v, ParseDecideReply = %+v", fromInts, fromAny)
 		}
-		if fromInts.Now != vals[0] || fromInts.Allowed != (vals[1] == 1) || fromInts.Decisions[0][0].Remaining != vals[3] {
+		if fromInts.NowMicros != vals[0] || fromInts.Allowed != (vals[1] == 1) || fromInts.Decisions[0][0].Remaining != vals[3] {
 			t.Fatalf("ParseDecideInts(%v) = %+v: fields out of place", vals, fromInts)
 		}
 	})

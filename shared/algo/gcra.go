@@ -61,5 +61,5 @@ func gcra(l Limit, s State, now, cost int64, shape bool) (State, Decision) {
 		return State{}, d
 	}
 	newTat := fnow + newRel
-	return State{Set: true, Time: newTat, Expires: int64(math.Ceil(newTat))}, d
+	return State{Set: true, Time: newTat, ExpiresMicros: int64(math.Ceil(newTat))}, d
 }

@@ -174,7 +174,7 @@ func TestHeadersRemainingWithinQuota(t *testing.T) {
 		m := algo.Meter{Limits: []algo.Limit{l}}
 		for i := range 400 {
 			cost := int64(rng.IntN(3))
-			out, err := st.Decide(context.Background(), algo.Check{Keys: []string{"k"}, Meters: []algo.Meter{m}, Cost: cost, Now: now.UnixMicro()})
+			out, err := st.Decide(context.Background(), algo.Check{Keys: []string{"k"}, Meters: []algo.Meter{m}, Cost: cost, NowMicros: now.UnixMicro()})
 			if err != nil {
 				t.Fatalf("%v: Decide = %v", l, err)
 			}

@@ -143,8 +143,8 @@ func DecideArgs(meters []Meter, cost int64, now int64, undo bool) []any {
 
 // A Reply is the decoded answer of the decision script.
 type Reply struct {
-	// Now is the time the script decided at, in Unix microseconds.
-	Now int64
+	// NowMicros is the time the script decided at, in Unix microseconds.
+	NowMicros int64
 	// Allowed reports whether the request was admitted and charged.
 	Allowed bool
 	// Decisions holds, per meter, one decision per limit.
@@ -155,12 +155,12 @@ type Reply struct {
 
 // Undo is what the refund script needs to give back one meter's charge.
 type Undo struct {
-	Meter   int      // index of the meter in the call
-	Keys    []string // the keys the charge wrote
-	Before  []string // their DUMP before the charge ("" = absent)
-	Expires []int64  // their PEXPIRETIME before the charge, ms
-	After   []string // their DUMP after the charge
-	Extra   []string // algorithm-specific data (sliding_log members, bucket_ring bucket)
+	Meter     int      // index of the meter in the call
+	Keys      []string // the keys the charge wrote
+	Before    []string // their DUMP before the charge ("" = absent)
+	ExpiresMs []int64  // their PEXPIRETIME before the charge, Unix milliseconds
+	After     []string // their DUMP after the charge
+	Extra     []string // algorithm-specific data (sliding_log members, bucket_ring bucket)
 }
 
 // decisionSlices returns one empty decision per limit of meters, in one allocation for
@@ -220,7 +220,7 @@ func ParseDecideReply(v any, meters []Meter) (Reply, error) {
 		for range nk {
 			u.Keys = append(u.Keys, r.str())
 			u.Before = append(u.Before, r.str())
-			u.Expires = append(u.Expires, r.int())
+			u.ExpiresMs = append(u.ExpiresMs, r.int())
 			u.After = append(u.After, r.str())
 		}
 		ne := int(r.int())
@@ -260,7 +260,7 @@ func decideReplyLen(meters []Meter) int {
 
 // decodeDecisions decodes the first decideReplyLen(meters) integers of a reply.
 func decodeDecisions(vals []int64, meters []Meter) Reply {
-	rep := Reply{Now: vals[0], Allowed: vals[1] == 1, Decisions: decisionSlices(meters)}
+	rep := Reply{NowMicros: vals[0], Allowed: vals[1] == 1, Decisions: decisionSlices(meters)}
 	vals = vals[2:]
 	for i, m := range meters {
 		ds := rep.Decisions[i]
@@ -300,7 +300,7 @@ func RefundCall(meters []Meter, keys []string, undo []Undo, charged, refundNow, 
 		ks = append(ks, u.Keys...)
 		args = append(args, strconv.Itoa(len(u.Keys)))
 		for k := range u.Keys {
-			args = append(args, u.Before[k], strconv.FormatInt(u.Expires[k], 10), u.After[k])
+			args = append(args, u.Before[k], strconv.FormatInt(u.ExpiresMs[k], 10), u.After[k])
 		}
 		args = append(args, strconv.Itoa(len(u.Extra)))
 		for _, e := range u.Extra {
@@ -360,9 +360,9 @@ type Check struct {
 	Meters []Meter
 	// Cost is the request's weight in units (1 for most requests).
 	Cost int64
-	// Now is the decision time in Unix microseconds; 0 means the store's own clock (the
-	// Redis server's TIME).
-	Now int64
+	// NowMicros is the decision time in Unix microseconds; 0 means the store's own
+	// clock (the Redis server's TIME).
+	NowMicros int64
 }
 
 // An Outcome is the answer to a Check.
@@ -371,11 +371,11 @@ type Outcome struct {
 	Allowed bool
 	// Decisions holds, per meter, one decision per limit.
 	Decisions [][]Decision
-	// Now is the time the decision was made at, in Unix microseconds.
-	Now int64
+	// NowMicros is the time the decision was made at, in Unix microseconds.
+	NowMicros int64
 }
 
 // Outcome is the answer the reply gives to its Check.
 func (r Reply) Outcome() Outcome {
-	return Outcome{Allowed: r.Allowed, Decisions: r.Decisions, Now: r.Now}
+	return Outcome{Allowed: r.Allowed, Decisions: r.Decisions, NowMicros: r.NowMicros}
 }

@@ -58,7 +58,7 @@ func slidingLog(l Limit, s State, now, cost int64, record string) (State, Decisi
 	if len(ns.Log) == 0 {
 		return State{}, d
 	}
-	ns.Expires = newest + p
+	ns.ExpiresMicros = newest + p
 	return ns, d
 }
 

@@ -70,7 +70,7 @@ func slidingWindowAt(l Limit, s State, w, now, cost int64) (State, Decision) {
 	d.Allowed = true
 	d.Remaining = int64(math.Floor(float64(n) - est - float64(cost)))
 	d.ResetAfter = slidingWindowReset(w, p, now, cur+cost, prev)
-	ns := State{Set: true, Window: w, Count: cur + cost, Prev: prev, Expires: (w + 2) * p}
+	ns := State{Set: true, Window: w, Count: cur + cost, Prev: prev, ExpiresMicros: (w + 2) * p}
 	return ns, d
 }
 

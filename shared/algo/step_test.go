@@ -487,12 +487,12 @@ func TestBucketRingLapClears(t *testing.T) {
 		st, _ = m.StepMicros(st, base+int64(at/us), 1)
 	}
 	// Buckets 3 and 7 (slots 3 and 2) are in the ring; 0 and 1 have left it.
-	want := algo.State{Set: true, Window: base/1e6 + 7, Buckets: []int64{0, 0, 1, 1, 0}, Expires: base + 12e6}
+	want := algo.State{Set: true, Window: base/1e6 + 7, Buckets: []int64{0, 0, 1, 1, 0}, ExpiresMicros: base + 12e6}
 	if !reflect.DeepEqual(st, want) {
 		t.Errorf("state after steps at 0, 1s, 3s, 7s = %+v, want %+v", st, want)
 	}
 	st, _ = m.StepMicros(st, base+20e6, 2)
-	want = algo.State{Set: true, Window: base/1e6 + 20, Buckets: []int64{2, 0, 0, 0, 0}, Expires: base + 25e6}
+	want = algo.State{Set: true, Window: base/1e6 + 20, Buckets: []int64{2, 0, 0, 0, 0}, ExpiresMicros: base + 25e6}
 	if !reflect.DeepEqual(st, want) {
 		t.Errorf("state after a lap = %+v, want %+v", st, want)
 	}
@@ -554,8 +554,8 @@ func TestStepRecords(t *testing.T) {
 		if !slices.Equal(st.Log, want) {
 			t.Errorf("Log = %v, want %v", st.Log, want)
 		}
-		if wantExp := base + 2100e3; st.Expires != wantExp {
-			t.Errorf("Expires = %d, want %d", st.Expires, wantExp)
+		if wantExp := base + 2100e3; st.ExpiresMicros != wantExp {
+			t.Errorf("Expires = %d, want %d", st.ExpiresMicros, wantExp)
 		}
 	})
 }

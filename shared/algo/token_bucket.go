@@ -32,6 +32,6 @@ func tokenBucket(l Limit, s State, now, cost int64) (State, Decision) {
 	d.Remaining = int64(math.Floor(left))
 	d.ResetAfter = ceilUs(ahead + (b-left)*p/n)
 	ns := State{Set: true, Tokens: left, Time: math.Max(float64(now), last)}
-	ns.Expires = now + max(micros(d.ResetAfter), 1)
+	ns.ExpiresMicros = now + max(micros(d.ResetAfter), 1)
 	return ns, d
 }

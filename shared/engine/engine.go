@@ -524,7 +524,7 @@ func (e *Engine) failureMode(ctx context.Context, p Plan, now int64, cause error
 		return v
 	case policy.FailLocal:
 		local := p
-		local.Check.Now = now
+		local.Check.NowMicros = now
 		local.Check.Meters = make([]algo.Meter, len(p.Check.Meters))
 		for i, mt := range p.Check.Meters {
 			local.Check.Meters[i] = policy.Scale(mt, pol.Failure.ExpectedInstances)
@@ -554,7 +554,7 @@ func (e *Engine) verdict(p Plan, out algo.Outcome) Verdict {
 	v.Limits = make([]LimitResult, 0, n)
 	best := -1
 	var bestD algo.Decision
-	at := out.Now // the store's time, for calendar windows
+	at := out.NowMicros // the store's time, for calendar windows
 	if at == 0 {
 		at = e.clock().UnixMicro()
 	}

@@ -53,7 +53,7 @@ func (s *Store) State(key string, now int64) (algo.State, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st, ok := s.states[key]
-	if !ok || st.Expires <= now {
+	if !ok || st.ExpiresMicros <= now {
 		return algo.State{}, false
 	}
 	return st, true
@@ -76,18 +76,18 @@ func (s *Store) Decide(_ context.Context, c algo.Check) (algo.Outcome, error) {
 	if c.Cost < 0 {
 		return algo.Outcome{}, errors.New("memstore: negative cost")
 	}
-	now := c.Now
+	now := c.NowMicros
 	if now == 0 {
 		now = s.clock().UnixMicro()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := algo.Outcome{Allowed: true, Now: now, Decisions: make([][]algo.Decision, len(c.Meters))}
+	out := algo.Outcome{Allowed: true, NowMicros: now, Decisions: make([][]algo.Decision, len(c.Meters))}
 	next := make([]algo.State, len(c.Meters))
 	charge := make([]bool, len(c.Meters))
 	for i, m := range c.Meters {
 		st := s.states[c.Keys[i]]
-		if st.Set && st.Expires <= now {
+		if st.Set && st.ExpiresMicros <= now {
 			// Every model treats a state past its expiry exactly like an absent key.
 			st = algo.State{}
 		}
@@ -133,13 +133,13 @@ func (s *Store) evict(now int64) {
 		if seen++; seen > evictSample {
 			break
 		}
-		if st.Expires <= now {
+		if st.ExpiresMicros <= now {
 			delete(s.states, k)
 			dropped = true
 			continue
 		}
-		if oldestAt < 0 || st.Expires < oldestAt {
-			oldest, oldestAt = k, st.Expires
+		if oldestAt < 0 || st.ExpiresMicros < oldestAt {
+			oldest, oldestAt = k, st.ExpiresMicros
 		}
 	}
 	if !dropped && oldestAt >= 0 {

@@ -17,7 +17,7 @@ func TestBoundedAndAllOrNothing(t *testing.T) {
 	ctx := context.Background()
 	now := int64(1_700_000_000_000_000)
 	for i := range 1000 {
-		if _, err := s.Decide(ctx, algo.Check{Keys: []string{fmt.Sprint("k", i)}, Meters: []algo.Meter{m}, Cost: 1, Now: now}); err != nil {
+		if _, err := s.Decide(ctx, algo.Check{Keys: []string{fmt.Sprint("k", i)}, Meters: []algo.Meter{m}, Cost: 1, NowMicros: now}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -27,7 +27,7 @@ func TestBoundedAndAllOrNothing(t *testing.T) {
 	// Two meters, the second full: the first must not be charged.
 	tight := algo.Meter{Limits: []algo.Limit{{Algorithm: algo.FixedWindow, Count: 1, Period: time.Hour}}}
 	loose := algo.Meter{Limits: []algo.Limit{{Algorithm: algo.FixedWindow, Count: 5, Period: time.Hour}}}
-	c := algo.Check{Keys: []string{"tight", "loose"}, Meters: []algo.Meter{tight, loose}, Cost: 1, Now: now}
+	c := algo.Check{Keys: []string{"tight", "loose"}, Meters: []algo.Meter{tight, loose}, Cost: 1, NowMicros: now}
 	if out, _ := s.Decide(ctx, c); !out.Allowed {
 		t.Fatalf("first check = %+v, want allowed", out)
 	}

@@ -80,7 +80,7 @@ func TestAccuracyTable(t *testing.T) {
 					var admitted []int64
 					before := 0
 					for _, at := range s.at {
-						o, err := store.Decide(ctx, algo.Check{Keys: []string{key}, Meters: []algo.Meter{m}, Cost: 1, Now: at})
+						o, err := store.Decide(ctx, algo.Check{Keys: []string{key}, Meters: []algo.Meter{m}, Cost: 1, NowMicros: at})
 						if err != nil {
 							t.Fatal(err)
 						}

@@ -51,11 +51,11 @@ func checkAllOrNothing(t *testing.T, store *redisstore.Store, master func(key st
 	ma := passingMeter(a)
 	keyA := algo.Key("aon:", tagA, string(a), "", "0")
 	keyB := algo.Key("aon:", tagB, "global", algo.Escape(tagA), "0")
-	if o, err := store.Decide(ctx, algo.Check{Keys: []string{keyB}, Meters: []algo.Meter{denyingMeter}, Cost: 1, Now: now}); err != nil || !o.Allowed {
+	if o, err := store.Decide(ctx, algo.Check{Keys: []string{keyB}, Meters: []algo.Meter{denyingMeter}, Cost: 1, NowMicros: now}); err != nil || !o.Allowed {
 		t.Fatalf("exhausting B: Check(%s) = %v, %v, want allowed", keyB, o.Allowed, err)
 	}
 	if tc.charged {
-		if o, err := store.Decide(ctx, algo.Check{Keys: []string{keyA}, Meters: []algo.Meter{ma}, Cost: 1, Now: now}); err != nil || !o.Allowed {
+		if o, err := store.Decide(ctx, algo.Check{Keys: []string{keyA}, Meters: []algo.Meter{ma}, Cost: 1, NowMicros: now}); err != nil || !o.Allowed {
 			t.Fatalf("charging A: Check(%s) = %v, %v, want allowed", keyA, o.Allowed, err)
 		}
 	}
@@ -63,9 +63,9 @@ func checkAllOrNothing(t *testing.T, store *redisstore.Store, master func(key st
 	if tc.charged && len(before) == 0 {
 		t.Fatalf("A (%s) holds no keys after an admitted request", keyA)
 	}
-	c := algo.Check{Keys: []string{keyA, keyB}, Meters: []algo.Meter{ma, denyingMeter}, Cost: 2, Now: now + 1000}
+	c := algo.Check{Keys: []string{keyA, keyB}, Meters: []algo.Meter{ma, denyingMeter}, Cost: 2, NowMicros: now + 1000}
 	if tc.bFirst {
-		c = algo.Check{Keys: []string{keyB, keyA}, Meters: []algo.Meter{denyingMeter, ma}, Cost: 2, Now: now + 1000}
+		c = algo.Check{Keys: []string{keyB, keyA}, Meters: []algo.Meter{denyingMeter, ma}, Cost: 2, NowMicros: now + 1000}
 	}
 	o, err := safeDecide(ctx, store, c)
 	if err != nil {
@@ -195,7 +195,7 @@ func TestRefundLogicalInverse(t *testing.T) {
 				if second, err := algo.ParseDecideReply(v, meters); err != nil || !second.Allowed {
 					t.Fatalf("second charge: allowed %v, %v, want allowed", second.Allowed, err)
 				}
-				rkeys, rargs := algo.RefundCall(meters, keys, first.Undo, first.Now, t2, c1)
+				rkeys, rargs := algo.RefundCall(meters, keys, first.Undo, first.NowMicros, t2, c1)
 				exact, err := refund.Run(ctx, client, rkeys, rargs...).Int64()
 				if err != nil {
 					t.Fatal(err)
@@ -205,7 +205,7 @@ func TestRefundLogicalInverse(t *testing.T) {
 				}
 
 				model := memstore.New(0, nil)
-				if o, err := model.Decide(ctx, algo.Check{Keys: keys, Meters: meters, Cost: c2, Now: t2}); err != nil || !o.Allowed {
+				if o, err := model.Decide(ctx, algo.Check{Keys: keys, Meters: meters, Cost: c2, NowMicros: t2}); err != nil || !o.Allowed {
 					t.Fatalf("model: second charge: %v, %v", o.Allowed, err)
 				}
 				store := loadedStore(t, client)
@@ -216,7 +216,7 @@ func TestRefundLogicalInverse(t *testing.T) {
 					if i == 0 {
 						cost = 0
 					}
-					c := algo.Check{Keys: keys, Meters: meters, Cost: cost, Now: now}
+					c := algo.Check{Keys: keys, Meters: meters, Cost: cost, NowMicros: now}
 					want, err := model.Decide(ctx, c)
 					if err != nil {
 						t.Fatal(err)

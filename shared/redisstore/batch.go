@@ -116,7 +116,7 @@ func (b *Batcher) Health(ctx context.Context) []breaker.Status { return b.store.
 // A request goes to its node through the node's circuit breaker, as with
 // Store.Decide: a request for a node whose breaker is open fails at once.
 func (b *Batcher) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) {
-	c = c.AtWindows(nowOr(c.Now))
+	c = c.AtWindows(nowOr(c.NowMicros))
 	if len(c.Keys) != len(c.Meters) || len(c.Meters) == 0 || (b.store.cluster && !oneSlot(c.Keys)) {
 		return b.store.Decide(ctx, c)
 	}
@@ -357,7 +357,7 @@ func (b *Batcher) flushNode(batch []*call) {
 		// The script cache was flushed (or never loaded): EVAL loads it again.
 		pipe := b.store.client.Pipeline()
 		for _, cl := range missing {
-			cl.eval = b.store.scriptFor(cl.check.Meters).script.Eval(ctx, pipe, cl.check.Keys, algo.DecideArgs(cl.check.Meters, cl.check.Cost, cl.check.Now, false)...)
+			cl.eval = b.store.scriptFor(cl.check.Meters).script.Eval(ctx, pipe, cl.check.Keys, algo.DecideArgs(cl.check.Meters, cl.check.Cost, cl.check.NowMicros, false)...)
 		}
 		_, _ = pipe.Exec(ctx)
 	}
@@ -508,8 +508,8 @@ func (a *argCache) command(dst []any, hash any, c algo.Check) []any {
 // argv appends the decision script's ARGV for c, undo off.
 func (a *argCache) argv(dst []any, c algo.Check) []any {
 	now := emptyArg
-	if c.Now != 0 {
-		now = strconv.FormatInt(c.Now, 10)
+	if c.NowMicros != 0 {
+		now = strconv.FormatInt(c.NowMicros, 10)
 	}
 	return a.tail(append(dst, now, smallInt(c.Cost)), c)
 }
@@ -629,8 +629,8 @@ func (a *argCache) many(dst []any, hash any, batch []*call) []any {
 	dst[np] = smallInt(int64(len(shared)))
 	for i, cl := range batch {
 		now := emptyArg
-		if cl.check.Now != 0 {
-			now = strconv.FormatInt(cl.check.Now, 10)
+		if cl.check.NowMicros != 0 {
+			now = strconv.FormatInt(cl.check.NowMicros, 10)
 		}
 		dst = append(dst, smallInt(int64(len(cl.check.Keys))), smallInt(int64(prof[i]+1)), now, smallInt(cl.check.Cost))
 	}

@@ -363,7 +363,7 @@ func TestBatcherManyMatchesModel(t *testing.T) {
 			now := base
 			for i := range 200 {
 				now += step(r, m.Limits[0].Period)
-				c := algo.Check{Keys: keys, Meters: meters, Cost: r.Int64N(3), Now: now}
+				c := algo.Check{Keys: keys, Meters: meters, Cost: r.Int64N(3), NowMicros: now}
 				want, err := ms.Decide(ctx, c)
 				if err != nil {
 					t.Error(err)

@@ -52,7 +52,7 @@ func TestCalendarConformance(t *testing.T) {
 		for i := range 25 {
 			now += r.Int64N(int64(20 * time.Minute / time.Microsecond))
 			cost := int64(1 + r.IntN(2))
-			c := algo.Check{Keys: keys, Meters: meters, Cost: cost, Now: now}
+			c := algo.Check{Keys: keys, Meters: meters, Cost: cost, NowMicros: now}
 			want, err := ms.Decide(ctx, c)
 			if err != nil {
 				t.Fatal(err)

@@ -130,7 +130,7 @@ func TestConformance(t *testing.T) {
 					if r.IntN(4) == 0 {
 						cost = r.Int64N(5)
 					}
-					c := algo.Check{Keys: keys, Meters: meters, Cost: cost, Now: now}
+					c := algo.Check{Keys: keys, Meters: meters, Cost: cost, NowMicros: now}
 					want, err := ms.Decide(ctx, c)
 					if err != nil {
 						t.Fatal(err)

@@ -128,12 +128,12 @@ func (s *Store) Preload(ctx context.Context) error {
 // refund, other requests see the charge (they may be denied where they would not have
 // been); they are never admitted where they would not have been.
 func (s *Store) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) {
-	c = c.AtWindows(nowOr(c.Now))
+	c = c.AtWindows(nowOr(c.NowMicros))
 	if len(c.Keys) != len(c.Meters) {
 		return algo.Outcome{}, fmt.Errorf("redisstore: %d keys for %d meters", len(c.Keys), len(c.Meters))
 	}
 	if len(c.Meters) == 0 {
-		return algo.Outcome{Allowed: true, Now: c.Now}, nil
+		return algo.Outcome{Allowed: true, NowMicros: c.NowMicros}, nil
 	}
 	var groups [][]int
 	if s.cluster {
@@ -174,11 +174,11 @@ func (s *Store) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) 
 		rep, err := s.call(ctx, sub, out.Allowed)
 		np.record(nodes[gi], err)
 		if err != nil {
-			s.refundAll(ctx, done, c.Now)
+			s.refundAll(ctx, done, c.NowMicros)
 			return algo.Outcome{}, err
 		}
 		if gi == 0 {
-			out.Now = rep.Now
+			out.NowMicros = rep.NowMicros
 		}
 		for i, mi := range g {
 			out.Decisions[mi] = rep.Decisions[i]
@@ -188,7 +188,7 @@ func (s *Store) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) 
 		}
 		if !rep.Allowed {
 			out.Allowed = false
-			if err := s.refundAll(ctx, done, c.Now); err != nil {
+			if err := s.refundAll(ctx, done, c.NowMicros); err != nil {
 				return algo.Outcome{}, err
 			}
 			continue
@@ -212,7 +212,7 @@ func (s *Store) refundAll(ctx context.Context, done []charged, now int64) error 
 		if len(d.reply.Undo) == 0 {
 			continue
 		}
-		keys, args := algo.RefundCall(d.sub.Meters, d.sub.Keys, d.reply.Undo, d.reply.Now, now, d.sub.Cost)
+		keys, args := algo.RefundCall(d.sub.Meters, d.sub.Keys, d.reply.Undo, d.reply.NowMicros, now, d.sub.Cost)
 		// The refund must run even if the request's deadline has passed: a lost refund
 		// leaves units charged for a request that was denied.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
@@ -267,9 +267,9 @@ func (s *Store) send(ctx context.Context, c algo.Check, undo bool) (algo.Reply, 
 			}
 			return algo.ParseDecideInts(vals, c.Meters)
 		}
-		v, err = sc.script.Eval(ctx, s.client, c.Keys, algo.DecideArgs(c.Meters, c.Cost, c.Now, undo)...).Result()
+		v, err = sc.script.Eval(ctx, s.client, c.Keys, algo.DecideArgs(c.Meters, c.Cost, c.NowMicros, undo)...).Result()
 	} else {
-		v, err = sc.script.Run(ctx, s.client, c.Keys, algo.DecideArgs(c.Meters, c.Cost, c.Now, undo)...).Result()
+		v, err = sc.script.Run(ctx, s.client, c.Keys, algo.DecideArgs(c.Meters, c.Cost, c.NowMicros, undo)...).Result()
 	}
 	if err != nil {
 		return algo.Reply{}, err
@@ -321,7 +321,7 @@ func slotGroups(keys []string) [][]int {
 }
 
 func subCheck(c algo.Check, idx []int) algo.Check {
-	sub := algo.Check{Cost: c.Cost, Now: c.Now}
+	sub := algo.Check{Cost: c.Cost, NowMicros: c.NowMicros}
 	for _, i := range idx {
 		sub.Keys = append(sub.Keys, c.Keys[i])
 		sub.Meters = append(sub.Meters, c.Meters[i])

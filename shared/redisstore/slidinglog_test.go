@@ -54,7 +54,7 @@ func TestSlidingLogMembersStayUnique(t *testing.T) {
 			key := algo.Key("slog:", "client-1", "seq", "", strconv.Itoa(i))
 			model := memstore.New(0, nil)
 			for j, s := range tt.steps {
-				c := algo.Check{Keys: []string{key}, Meters: []algo.Meter{m}, Cost: s.cost, Now: base + s.at}
+				c := algo.Check{Keys: []string{key}, Meters: []algo.Meter{m}, Cost: s.cost, NowMicros: base + s.at}
 				want, err := model.Decide(ctx, c)
 				if err != nil {
 					t.Fatal(err)

@@ -156,7 +156,7 @@ func TestNoImmortalKeys(t *testing.T) {
 					reset = max(reset, d.ResetAfter)
 				}
 				want := ceilMs(reset)
-				for _, k := range writtenKeys(e.key, e.m, o.Now) {
+				for _, k := range writtenKeys(e.key, e.m, o.NowMicros) {
 					got, err := client.Do(ctx, "PTTL", k).Int64()
 					if err != nil {
 						t.Error(err)
