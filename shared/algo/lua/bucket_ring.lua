@@ -50,17 +50,17 @@ function A.bucket_ring.check(key, now, cost, lims)
   local jz = newest(allowed)
   for i = 1, #lims do
     local n, span, d = lims[i][1], lims[i][2] / w, ds[i]
-    if d[1] == 1 and allowed then d[2] = n - sums[i] - cost else d[2] = max(0, n - sums[i]) end
-    if jz > cur - span then d[3] = (jz + span) * w - now end
-    if d[1] == 0 then
+    if d[ALLOWED] == 1 and allowed then d[REMAINING] = n - sums[i] - cost else d[REMAINING] = max(0, n - sums[i]) end
+    if jz > cur - span then d[RESET_US] = (jz + span) * w - now end
+    if d[ALLOWED] == 0 then
       if cost > n then
-        d[4] = lims[i][2]
+        d[RETRY_US] = lims[i][2]
       else
         local sum = sums[i]
         for k = 1, span do
           sum = sum - bucket(cur - span + k)
           if sum + cost <= n then
-            d[4] = (cur + k) * w - now
+            d[RETRY_US] = (cur + k) * w - now
             break
           end
         end

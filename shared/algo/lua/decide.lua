@@ -35,7 +35,7 @@ if ARGV[4] == '1' and not undo then
   local out = {now, 1}
   for j = 1, #ds do
     local d, o = ds[j], 2 + (j - 1) * 5
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = d[1], d[2], d[3], d[4], d[5]
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = d[ALLOWED], d[REMAINING], d[RESET_US], d[RETRY_US], d[DELAY_US]
   end
   if commit then
     commit()
@@ -64,11 +64,11 @@ for i = 1, m do
   local ds, commit, writes = algo.check(KEYS[i], now, cost, lims, record)
   for j = 1, #ds do
     local d = ds[j]
-    out[#out + 1] = d[1]
-    out[#out + 1] = d[2]
-    out[#out + 1] = d[3]
-    out[#out + 1] = d[4]
-    out[#out + 1] = d[5]
+    out[#out + 1] = d[ALLOWED]
+    out[#out + 1] = d[REMAINING]
+    out[#out + 1] = d[RESET_US]
+    out[#out + 1] = d[RETRY_US]
+    out[#out + 1] = d[DELAY_US]
   end
   if commit then
     commits[#commits + 1] = {i, commit, writes}

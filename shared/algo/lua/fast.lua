@@ -7,7 +7,7 @@
 -- several keeps its writes until no non-shadow meter denies, as decide.lua does.
 -- Each block is the same arithmetic as its algorithm's check and commit (the
 -- conformance tests run both paths against the Go models); the helpers of prelude.lua
--- are written out: cus(x) is max(0, ceil(x)), ttl(us) is max(1, ceil((us + slack) /
+-- are written out: ceil_us(x) is max(0, ceil(x)), ttl(us) is max(1, ceil((us + slack) /
 -- 1000)), num(x) is '%d' for a whole x, else '%.17g'.
 -- ARGV and reply: see decide.lua.
 local now, slack
@@ -48,7 +48,7 @@ if flat then
     local n, p, b = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2])
     local ok, rem, reset, retry, delay = 0, 0, 0, 0, 0
     if alg == 'gcra' or alg == 'leaky_bucket' then
-      -- gcra_core and gcra_write (tat_slack is 1, ctat(x) is cus(x - 0.25))
+      -- gcra_core and gcra_write (tat_slack is 1, ceil_tat(x) is ceil_us(x - 0.25))
       local t = p / n
       local rel = 0
       local v = redis.call('GET', key)

@@ -24,15 +24,15 @@ function A.fixed_window.check(key, now, cost, lims, record)
   local used = tonumber(redis.call('GET', k) or '0')
   local d = {0, 0, e - now, 0, 0}
   if used + cost > n then
-    d[2] = max(0, n - used)
-    d[4] = e - now
-    if cost > n then d[4] = p end
-    if used == 0 then d[3] = 0 end
+    d[REMAINING] = max(0, n - used)
+    d[RETRY_US] = e - now
+    if cost > n then d[RETRY_US] = p end
+    if used == 0 then d[RESET_US] = 0 end
     return {d}
   end
-  d[1] = 1
-  d[2] = n - used - cost
-  if used + cost == 0 then d[3] = 0 end
+  d[ALLOWED] = 1
+  d[REMAINING] = n - used - cost
+  if used + cost == 0 then d[RESET_US] = 0 end
   local writes = {k}
   if record ~= '' then writes[2] = k .. ':r' end
   return {d}, function()

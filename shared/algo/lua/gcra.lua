@@ -9,7 +9,7 @@
 -- the quarter-microsecond rounding of an absolute TAT.
 local tat_slack = 1
 -- times derived from a TAT are rounded up after taking off its quarter-microsecond grid
-local function ctat(x) return cus(x - 0.25) end
+local function ceil_tat(x) return ceil_us(x - 0.25) end
 -- gcra_core decides: allowed (0|1), remaining, reset_after, retry_after, delay, and
 -- the new TAT - now. fast.lua writes the same arithmetic out for the common request.
 local function gcra_core(key, now, cost, n, p, b, shape)
@@ -21,16 +21,16 @@ local function gcra_core(key, now, cost, n, p, b, shape)
   local burst = b * t
   if new_rel > burst + tat_slack then
     local retry = p
-    if cost <= b then retry = ctat(new_rel - burst) end
-    return 0, max(0, floor((burst - rel + tat_slack) / t)), ctat(rel), retry, 0, new_rel
+    if cost <= b then retry = ceil_tat(new_rel - burst) end
+    return 0, max(0, floor((burst - rel + tat_slack) / t)), ceil_tat(rel), retry, 0, new_rel
   end
   local delay = 0
-  if shape then delay = ctat(rel) end
-  return 1, max(0, floor((burst - new_rel + tat_slack) / t)), ctat(new_rel), 0, delay, new_rel
+  if shape then delay = ceil_tat(rel) end
+  return 1, max(0, floor((burst - new_rel + tat_slack) / t)), ceil_tat(new_rel), 0, delay, new_rel
 end
 local function gcra_write(key, now, cost, new_rel)
   -- the key lives until the reset reported (the TAT on the quarter-microsecond grid)
-  if cost > 0 then redis.call('SET', key, num(now + new_rel), 'PX', ttl(ctat(new_rel))) end
+  if cost > 0 then redis.call('SET', key, num(now + new_rel), 'PX', ttl(ceil_tat(new_rel))) end
 end
 local function gcra_check(key, now, cost, lims, shape)
   local ok, rem, reset, retry, delay, new_rel = gcra_core(key, now, cost, lims[1][1], lims[1][2], lims[1][3], shape)

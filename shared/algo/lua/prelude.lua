@@ -18,6 +18,9 @@
 --     happened since the charge already made up for part of it
 -- lims is a list of {count, period_us, capacity, bucket_us}. check only reads.
 local A = {}
+-- The fields of a decision tuple, {allowed 0|1, remaining, reset_after_us,
+-- retry_after_us, delay_us}, as the reply lists them.
+local ALLOWED, REMAINING, RESET_US, RETRY_US, DELAY_US = 1, 2, 3, 4, 5
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 
 local function num(x)
@@ -37,8 +40,8 @@ local function ttl(us)
   return ms
 end
 
--- cus rounds a non-negative microsecond amount up; negative becomes 0.
-local function cus(x)
+-- ceil_us rounds a non-negative microsecond amount up; negative becomes 0.
+local function ceil_us(x)
   if x <= 0 then return 0 end
   return ceil(x)
 end

@@ -14,23 +14,23 @@ function A.sliding_log.check(key, now, cost, lims, record)
   local newest = 0
   if used > 0 then
     newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
-    d[3] = newest + p - now
+    d[RESET_US] = newest + p - now
   end
   if used + cost > n then
-    d[2] = max(0, n - used)
+    d[REMAINING] = max(0, n - used)
     if cost > n then
-      d[4] = p
+      d[RETRY_US] = p
     else
       local e = redis.call('ZRANGEBYSCORE', key, lo, '+inf', 'WITHSCORES', 'LIMIT', used + cost - n - 1, 1)
-      d[4] = tonumber(e[2]) + p - now
+      d[RETRY_US] = tonumber(e[2]) + p - now
     end
     return {d}
   end
-  d[1] = 1
-  d[2] = n - used - cost
+  d[ALLOWED] = 1
+  d[REMAINING] = n - used - cost
   if cost > 0 then
     newest = max(newest, now)
-    d[3] = newest + p - now
+    d[RESET_US] = newest + p - now
   end
   return {d}, function()
     if cost == 0 then return {} end

@@ -34,26 +34,26 @@ function A.sliding_window.check(key, now, cost, lims)
   local est = prev * (p - e) / p + cur
   local d = {0, 0, 0, 0, 0}
   if est + cost > n then
-    d[2] = max(0, floor(n - est))
+    d[REMAINING] = max(0, floor(n - est))
     if cost > n then
-      d[4] = p
+      d[RETRY_US] = p
     elseif cur + cost <= n then
       local t = ceil(p - (n - cur - cost) * p / prev)
-      d[4] = max(1, t - e)
+      d[RETRY_US] = max(1, t - e)
     else
       local t = 0
       if cur > 0 then t = max(0, ceil(p - (n - cost) * p / cur)) end
-      d[4] = (w + 1) * p - now + t
+      d[RETRY_US] = (w + 1) * p - now + t
     end
-    d[3] = sw_reset(w, p, now, cur, prev)
-    if d[3] > 0 then d[3] = d[3] + shift end
-    if d[4] > 0 and cost <= n then d[4] = d[4] + shift end
+    d[RESET_US] = sw_reset(w, p, now, cur, prev)
+    if d[RESET_US] > 0 then d[RESET_US] = d[RESET_US] + shift end
+    if d[RETRY_US] > 0 and cost <= n then d[RETRY_US] = d[RETRY_US] + shift end
     return {d}
   end
-  d[1] = 1
-  d[2] = floor(n - est - cost)
-  d[3] = sw_reset(w, p, now, cur + cost, prev)
-  if d[3] > 0 then d[3] = d[3] + shift end
+  d[ALLOWED] = 1
+  d[REMAINING] = floor(n - est - cost)
+  d[RESET_US] = sw_reset(w, p, now, cur + cost, prev)
+  if d[RESET_US] > 0 then d[RESET_US] = d[RESET_US] + shift end
   return {d}, function()
     if cost == 0 then return {} end
     redis.call('HSET', key, 'w', string.format('%d', w), 'c', cur + cost, 'p', prev)

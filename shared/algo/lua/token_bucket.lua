@@ -15,19 +15,19 @@ function A.token_bucket.check(key, now, cost, lims)
   local avail = min(b, tokens + elapsed * n / p)
   local d = {0, 0, 0, 0, 0}
   if avail < cost then
-    d[2] = floor(avail)
-    if cost > b then d[4] = p else d[4] = cus(ahead + (cost - avail) * p / n) end
-    d[3] = cus(ahead + (b - avail) * p / n)
+    d[REMAINING] = floor(avail)
+    if cost > b then d[RETRY_US] = p else d[RETRY_US] = ceil_us(ahead + (cost - avail) * p / n) end
+    d[RESET_US] = ceil_us(ahead + (b - avail) * p / n)
     return {d}
   end
   local left = avail - cost
-  d[1] = 1
-  d[2] = floor(left)
-  d[3] = cus(ahead + (b - left) * p / n)
+  d[ALLOWED] = 1
+  d[REMAINING] = floor(left)
+  d[RESET_US] = ceil_us(ahead + (b - left) * p / n)
   return {d}, function()
     if cost == 0 then return {} end
     redis.call('HSET', key, 't', num(left), 's', num(max(now, last)))
-    redis.call('PEXPIRE', key, ttl(d[3]))
+    redis.call('PEXPIRE', key, ttl(d[RESET_US]))
     return {}
   end, {key}
 end
