@@ -22,7 +22,7 @@ demo:
 	$(GO) run ./scripts/demo --url http://127.0.0.1:18089
 
 ## test: the whole suite: vet, race-enabled tests on real redis-server, the wasip1 build, the filter's benchmarks briefly, Terraform checks
-test: deps lint wasm-check test-go bench-filter tf-check
+test: deps lint wasm-check test-go bench-filter bench-core tf-check
 
 ## deps: install what the tests run (redis-server, redis-cli, redis-sentinel) when missing and possible
 deps:
@@ -53,6 +53,10 @@ bench:
 SOAK_DURATION ?= 10m
 soak: deps
 	$(GO) run ./scripts/soak -duration $(SOAK_DURATION) -report docs/soak/report.md
+
+## bench-core: the benchmarks that guard the core's speed tricks (named in their comments), 200 times each, so they keep running in CI
+bench-core:
+	$(GO) test -run '^$$' -bench 'BenchmarkDecide$$|BenchmarkCheck$$|BenchmarkMatch$$|BenchmarkHeaders$$|BenchmarkHandlerInProcess$$' -benchtime 200x ./shared/redisstore/ ./shared/engine/ ./shared/policy/ ./shared/algo/ ./shared/decision/
 
 ## bench-filter: the Envoy filter's benchmarks, 100 times each, so they keep running (figures: make bench)
 bench-filter:
