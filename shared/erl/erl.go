@@ -13,6 +13,8 @@
 //     descriptor.keys attribute (the descriptor's keys in order, joined by ","), which
 //     the rls package sets, so that a rule applies only to descriptors of exactly its
 //     keys, as ERL's walk does;
+//   - a wildcard value ("foo*") keeps a count per value, {each: "foo*"}, or one
+//     shared count with share_threshold;
 //   - a more specific node takes the place of its less specific siblings: for each of
 //     the latter's rules an unlimited rule under the former replaces it, so that a
 //     request that reaches the specific node gets its limits, or none, never the
@@ -125,10 +127,11 @@ func (t *translator) walk(parent []step, where string, ds []descriptor) error {
 		switch {
 		case d.Value == "":
 		case strings.HasSuffix(d.Value, "*"):
-			if !d.ShareThreshold {
-				return fmt.Errorf("erl: %s: wildcard value %q without share_threshold counts each value apart, which tollgate cannot express yet; set share_threshold: true to share one count", at, d.Value)
-			}
+			// ERL counts each value apart unless share_threshold shares one count.
 			s.match, s.rank = d.Value, 1
+			if !d.ShareThreshold {
+				s.match = "{each: " + yamlString(d.Value) + "}"
+			}
 		default:
 			s.match, s.rank = exact(d.Value), 2
 		}
@@ -227,7 +230,11 @@ func (t *translator) document(domain string) []byte {
 	for _, r := range t.rules {
 		fmt.Fprintf(&b, "  - name: %s\n    match: {%s: %s", r.name, KeysAttribute, yamlString(keysOf(r.path)))
 		for _, s := range r.path {
-			fmt.Fprintf(&b, ", %s: %s", yamlString(s.key), yamlString(s.match))
+			value := yamlString(s.match)
+			if strings.HasPrefix(s.match, "{each: ") {
+				value = s.match // a mapping, already quoted inside
+			}
+			fmt.Fprintf(&b, ", %s: %s", yamlString(s.key), value)
 		}
 		b.WriteString("}\n")
 		switch {

@@ -50,6 +50,7 @@ var (
 	ruleFields      = []string{"name", "match", "limits", "unlimited", "replaces", "shadow"}
 	limitFields     = []string{"algorithm", "rate", "burst", "bucket", "record", "calendar"}
 	calendarFields  = []string{"timezone"}
+	eachFields      = []string{"each"}
 )
 
 const (
@@ -926,6 +927,20 @@ func (d *decoder) match(n *yaml.Node, path string, r *Rule) {
 			}
 			if err == nil {
 				m, err = listMatcher(values)
+			}
+		case v.Kind == yaml.MappingNode:
+			f := d.mapping(v, ap, eachFields, `{each: PATTERN}: a pattern that keeps a limit per distinct value, e.g. {each: "/api/*"}`)
+			if f == nil {
+				continue
+			}
+			pv, ok := d.required(f, v, ap, "each", `name the pattern, e.g. {each: "/api/*"}`)
+			if !ok {
+				continue
+			}
+			if s, ok := d.str(pv, ap+".each", "a pattern"); ok {
+				m, err = eachMatcher(s)
+			} else {
+				err = errSkip
 			}
 		case v.Kind != yaml.ScalarNode || isNull(v):
 			d.add(v, ap, `want a value to match, "*" for any value, or a list of values, got `+kindOf(v))

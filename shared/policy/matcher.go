@@ -18,10 +18,11 @@ import (
 //	/users/{id}/orders    a path of these segments, {…} standing for any one segment
 //	"!GET", "!/admin/*"   any value the rest does not match
 //	"~^Mozilla/"          any value the RE2 regular expression matches
+//	{each: "/api/*"}      what the pattern matches, with a limit per distinct value
 //
-// Every form but "*" keys its limit by the form as written, not by the value: all
-// the values a prefix, list, template, negation or expression matches share one
-// limit, so the number of keys stays bounded however many values clients send.
+// Every form but "*" and {each: …} keys its limit by the form as written, not by the
+// value: all the values a prefix, list, template, negation or expression matches share
+// one limit, so the number of keys stays bounded however many values clients send.
 type Matcher struct {
 	// Text is the matcher as written (a list as "[a, b]").
 	Text string
@@ -34,6 +35,7 @@ type Matcher struct {
 	params   []bool   // per segment, whether it is a {…} parameter
 	re       *regexp.Regexp
 	key      string // the escaped text the key holds (every form but "*")
+	each     bool   // the key holds the value, as for "*"
 }
 
 // maxPattern bounds a pattern, as attribute values are bounded.
@@ -84,6 +86,20 @@ func parseMatcher(s string) (Matcher, error) {
 		return m, nil
 	}
 	m.exact = []string{s}
+	return m, nil
+}
+
+// eachMatcher compiles {each: pattern}: the pattern's values, each with a limit of
+// its own.
+func eachMatcher(pattern string) (Matcher, error) {
+	m, err := parseMatcher(pattern)
+	if err != nil {
+		return m, err
+	}
+	if m.any {
+		return m, fmt.Errorf(`{each: "*"} is "*"; write "*"`)
+	}
+	m.Text, m.each = "{each: "+pattern+"}", true
 	return m, nil
 }
 
@@ -146,9 +162,9 @@ func (m *Matcher) matches(v string) bool {
 }
 
 // keyValue returns what a key holds for a value v the matcher matched: v escaped
-// for "*", the matcher's own text escaped for every other form.
+// for "*" and {each: …}, the matcher's own text escaped for every other form.
 func (m *Matcher) keyValue(v string) string {
-	if m.any {
+	if m.any || m.each {
 		return algo.Escape(v)
 	}
 	return m.key

@@ -42,6 +42,13 @@ func TestMatcher(t *testing.T) {
 			t.Errorf("%q: keys for two values %q and %q; want them distinct: %v", tt.pattern, a, b, tt.perKey)
 		}
 	}
+	each, err := eachMatcher("/api/*")
+	if err != nil || !each.Matches("/api/x") || each.Matches("/other") || each.keyValue("/api/x") == each.keyValue("/api/y") {
+		t.Errorf(`{each: "/api/*"}: %v; want /api/ values matched, each keyed apart`, err)
+	}
+	if _, err := eachMatcher("*"); err == nil {
+		t.Error(`{each: "*"} accepted, want it refused as "*"`)
+	}
 	list, err := listMatcher([]string{"POST", "PUT", "/batch/*"})
 	if err != nil {
 		t.Fatal(err)

@@ -237,6 +237,8 @@ func TestValidation(t *testing.T) {
 				`rules[0].limits[2].calendar.timezone: "Moon/Base": not an IANA time zone; use a name such as Europe/Berlin, America/New_York or UTC`,
 				"rules[0].limits[2].calendar.tz: unknown field; known fields: timezone",
 			}},
+		{"bad each", "domain: d\nrules: [{name: r, match: {path: {each: '/api/*', colour: red}, ua: {each: '~('}}, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
+			[]string{"rules[0].match.path.colour: unknown field; known fields: each", `rules[0].match.ua: "~(": not an RE2 regular expression: error parsing regexp: missing closing ): ` + "`(`"}},
 		{"replaces an unknown rule", "domain: d\nrules:\n- {name: per-key, limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: acme, replaces: [per-kye], limits: [{algorithm: gcra, rate: 9/s}]}\n",
 			[]string{`rules[1].replaces[0]: "per-kye": no rule has this name; did you mean "per-key"?`}},
 		{"replaces itself", "domain: d\nrules:\n- {name: a, replaces: [a], limits: [{algorithm: gcra, rate: 1/s}]}\n",
