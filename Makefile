@@ -5,7 +5,7 @@ GO ?= go
 POLICY ?= lambda/policy.yaml
 LISTEN ?= 127.0.0.1:8080
 
-.PHONY: all run demo test test-go deps wasm-check lint fmt tf-check bench bench-filter package invoke wasm soak
+.PHONY: all run demo test test-go deps wasm-check lint fmt tf-check bench bench-core bench-erl bench-filter package invoke wasm soak
 
 all: test
 
@@ -48,6 +48,10 @@ fmt:
 ## bench: side-by-side benchmarks (tollgate, redis_rate, the EVALSHA ceiling) and the Envoy filter's cost in wazero; report in dist/bench/
 bench:
 	$(GO) run ./scripts/bench
+
+## bench-erl: tollgate's gRPC service beside envoyproxy/ratelimit (built from the module proxy) on one redis-server; report in dist/bench/erl.md
+bench-erl: deps
+	$(GO) run ./scripts/bench-erl
 
 ## soak: the decision service under mixed load for SOAK_DURATION (default 10m), a policy reload and a Redis restart in the middle; report in docs/soak/report.md (not part of make test)
 SOAK_DURATION ?= 10m

@@ -6,9 +6,11 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/policy"
@@ -22,6 +24,10 @@ func FuzzShouldRateLimit(f *testing.F) {
 	seed, _ := proto.Marshal(&rlsv3.RateLimitRequest{Domain: "rl", HitsAddend: 2, Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "foo"), descriptor("remote_address", "192.0.2.1", "key1", "x")}})
 	f.Add(seed)
 	f.Add([]byte{})
+	withLimit := descriptor("key1", "foo")
+	withLimit.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_HOUR, UnitMultiplier: wrapperspb.UInt32(3)}
+	seed, _ = proto.Marshal(&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit, descriptor("key1", "bar")}})
+	f.Add(seed)
 	p, err := policy.Parse([]byte(testPolicy))
 	if err != nil {
 		f.Fatal(err)

@@ -7,6 +7,13 @@
 // attributes of one request to the policy (entry key → attribute name), and every
 // descriptor of a request is decided together, all-or-nothing: when one is over its
 // limit, none is charged. The cost is the request's hits_addend (1 when unset).
+//
+// A descriptor that carries its own limit (Envoy's dynamic limit override,
+// RateLimitDescriptor.limit) is decided by that limit alone, as envoyproxy/ratelimit
+// does: a fixed window of requests_per_unit × unit_multiplier per unit, counted per
+// descriptor (its entries) and per limit, so that two overrides never share a count.
+// Its state is bounded like any other limit's: a key per descriptor and limit, which
+// expires with its window.
 package rls
 
 import (
@@ -23,6 +30,7 @@ import (
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -32,6 +40,7 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/bounds"
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/erl"
+	"github.com/tollgate-dev/tollgate/shared/policy"
 )
 
 // MaxDescriptors bounds the descriptors of one request.
@@ -174,6 +183,9 @@ func plan(eng *engine.Engine, req *rlsv3.RateLimitRequest) ([]engine.Plan, error
 		// Rules translated from envoyproxy/ratelimit's configuration match on it.
 		attrs[erl.KeysAttribute] = strings.Join(keys, ",")
 		p, err := eng.Plan(engine.Request{Domain: req.GetDomain(), Attributes: attrs, Cost: cost})
+		if err == nil && d.GetLimit() != nil {
+			err = override(&p, eng.Policy(), d)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("descriptors[%d]: %w", i, err)
 		}
@@ -185,13 +197,66 @@ func plan(eng *engine.Engine, req *rlsv3.RateLimitRequest) ([]engine.Plan, error
 // supported refuses what tollgate does not decide yet rather than decide it wrongly.
 func supported(d *rlv3.RateLimitDescriptor, cost int64) error {
 	switch {
-	case d.GetLimit() != nil:
-		return errors.New("a descriptor's own limit override is not supported; state the limit in the policy")
 	case d.GetIsNegativeHits():
 		return errors.New("negative hits are not supported")
 	case d.GetHitsAddend() != nil && int64(d.GetHitsAddend().GetValue()) != cost:
 		return errors.New("a descriptor's hits_addend must equal the request's: all descriptors are decided together at one cost")
 	}
+	return nil
+}
+
+// OverrideRule names the rule of a descriptor's own limit in keys, headers and
+// statuses.
+const OverrideRule = "descriptor-limit"
+
+// overrideUnits are the lengths of Envoy's units a descriptor's limit may use; MONTH
+// is a calendar month in UTC.
+var overrideUnits = map[typev3.RateLimitUnit]time.Duration{
+	typev3.RateLimitUnit_SECOND: time.Second,
+	typev3.RateLimitUnit_MINUTE: time.Minute,
+	typev3.RateLimitUnit_HOUR:   time.Hour,
+	typev3.RateLimitUnit_DAY:    24 * time.Hour,
+}
+
+// override replaces what the policy matched for descriptor d (planned in p) with the
+// limit d carries, keyed by the descriptor's entries and the limit.
+func override(p *engine.Plan, pol *policy.Policy, d *rlv3.RateLimitDescriptor) error {
+	o := d.GetLimit()
+	if o.GetRequestsPerUnit() == 0 {
+		return errors.New("limit.requests_per_unit is 0; send at least 1 (or leave limit unset to use the policy's)")
+	}
+	mult := int64(1)
+	if m := o.GetUnitMultiplier(); m != nil {
+		if m.GetValue() == 0 {
+			return errors.New("limit.unit_multiplier is 0; send at least 1, or leave it unset for 1")
+		}
+		mult = int64(m.GetValue())
+	}
+	var l algo.Limit
+	switch u, ok := overrideUnits[o.GetUnit()]; {
+	case ok:
+		if mult > int64(algo.MaxPeriod/u) {
+			return fmt.Errorf("limit: %d × %v is longer than %v; send a shorter window", mult, o.GetUnit(), algo.MaxPeriod)
+		}
+		l = algo.Limit{Algorithm: algo.FixedWindow, Count: int64(o.GetRequestsPerUnit()), Period: time.Duration(mult) * u}
+	case o.GetUnit() == typev3.RateLimitUnit_MONTH && mult == 1:
+		l = algo.NewCalendarLimit(int64(o.GetRequestsPerUnit()), algo.CalendarMonth, time.UTC)
+	default:
+		return fmt.Errorf("limit.unit %v (× %d) is not supported; use SECOND, MINUTE, HOUR, DAY or one MONTH", o.GetUnit(), mult)
+	}
+	if err := l.Validate(); err != nil {
+		return fmt.Errorf("limit: %w", err)
+	}
+	m := algo.Meter{Limits: []algo.Limit{l}}
+	esc := make([]string, 0, len(d.GetEntries()))
+	for _, e := range d.GetEntries() {
+		esc = append(esc, algo.Escape(e.GetKey())+"="+algo.Escape(e.GetValue()))
+	}
+	identity := strings.Join(esc, ":")
+	key := algo.Key(pol.Prefix, OverrideRule+":"+identity, OverrideRule, identity, algo.MeterID(0, m))
+	p.Check.Keys, p.Check.Meters = []string{key}, []algo.Meter{m}
+	p.Rules = []*policy.Rule{{Name: OverrideRule, Limits: m.Limits, Meters: []algo.Meter{m}}}
+	p.KeyRequired = false
 	return nil
 }
 

@@ -7,9 +7,11 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -150,8 +152,11 @@ func TestHostileRequests(t *testing.T) {
 	for i := range many {
 		many[i] = descriptor("key1", "x")
 	}
-	override := descriptor("key1", "x")
-	override.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: 1}
+	withLimit := func(per uint32, unit typev3.RateLimitUnit, mult *wrapperspb.UInt32Value) *rlv3.RateLimitDescriptor {
+		d := descriptor("key1", "x")
+		d.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: per, Unit: unit, UnitMultiplier: mult}
+		return d
+	}
 	perCost := descriptor("key1", "x")
 	perCost.HitsAddend = wrapperspb.UInt64(7)
 	for name, tc := range map[string]struct {
@@ -163,13 +168,63 @@ func TestHostileRequests(t *testing.T) {
 		"too many":            {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: many}, "at most 64"},
 		"huge value":          {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", strings.Repeat("v", 5000))}}, "longer than 1024 bytes"},
 		"huge hits":           {&rlsv3.RateLimitRequest{Domain: "rl", HitsAddend: 1 << 31, Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "x")}}, "cost must be from 0 to"},
-		"limit override":      {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{override}}, "limit override is not supported"},
+		"override of 0":       {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(0, typev3.RateLimitUnit_SECOND, nil)}}, "limit.requests_per_unit is 0"},
+		"override per year":   {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_YEAR, nil)}}, "limit.unit YEAR"},
+		"override no unit":    {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_UNKNOWN, nil)}}, "limit.unit UNKNOWN"},
+		"override too long":   {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_DAY, wrapperspb.UInt32(1<<32-1))}}, "send a shorter window"},
+		"override mult 0":     {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_DAY, wrapperspb.UInt32(0))}}, "limit.unit_multiplier is 0"},
 		"per-descriptor cost": {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{perCost}}, "hits_addend must equal"},
 		"repeated key":        {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "a", "key1", "b")}}, "appears twice"},
 	} {
 		_, err := c.ShouldRateLimit(context.Background(), tc.req)
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want INVALID_ARGUMENT with %q", name, err, tc.want)
+		}
+	}
+}
+
+// TestDescriptorLimitOverride sends descriptors that carry their own limit (Envoy's
+// dynamic override) on a real Redis: the override alone decides (2 per minute where
+// the policy says 20), each override has its own count, a descriptor without one
+// still gets the policy's limit and was never charged by the overridden requests,
+// and the override's key expires with its window.
+func TestDescriptorLimitOverride(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	c := client(t, "redis://"+srv.Addr, false)
+	ctx := context.Background()
+	send := func(d *rlv3.RateLimitDescriptor) *rlsv3.RateLimitResponse_DescriptorStatus {
+		t.Helper()
+		resp, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Statuses[0]
+	}
+	over := func(per uint32) *rlv3.RateLimitDescriptor {
+		d := descriptor("key1", "foo")
+		d.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: per, Unit: typev3.RateLimitUnit_MINUTE}
+		return d
+	}
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		st := send(over(2))
+		if st.Code != want || st.CurrentLimit.GetRequestsPerUnit() != 2 || st.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE || st.CurrentLimit.GetName() != rls.OverrideRule {
+			t.Errorf("override 2/min, request %d: %v, want %v at 2 per MINUTE named %s", i+1, st, want, rls.OverrideRule)
+		}
+	}
+	if st := send(over(3)); st.Code != rlsv3.RateLimitResponse_OK || st.LimitRemaining != 2 {
+		t.Errorf("override 3/min after three of 2/min: %v, want OK with 2 remaining (a count of its own)", st)
+	}
+	if st := send(descriptor("key1", "foo")); st.Code != rlsv3.RateLimitResponse_OK || st.LimitRemaining != 19 {
+		t.Errorf("no override: %v, want the policy's 20/min with 19 remaining (the overrides charged it nothing)", st)
+	}
+	keys, err := srv.Client(t).Keys(ctx, "*"+rls.OverrideRule+"*").Result()
+	if err != nil || len(keys) != 2 {
+		t.Fatalf("override keys = %v, %v; want one per override", keys, err)
+	}
+	for _, k := range keys {
+		if ttl, err := srv.Client(t).PTTL(ctx, k).Result(); err != nil || ttl <= 0 || ttl > time.Minute {
+			t.Errorf("PTTL(%s) = %v, %v; want at most the minute's window", k, ttl, err)
 		}
 	}
 }
