@@ -12,6 +12,7 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -51,7 +52,7 @@ func client(t *testing.T, url string, cluster bool) rlsv3.RateLimitServiceClient
 }
 
 // serve runs srv behind a gRPC server on loopback and returns a client of it.
-func serve(t *testing.T, srv *rls.Server) rlsv3.RateLimitServiceClient {
+func serve(t testing.TB, srv *rls.Server) rlsv3.RateLimitServiceClient {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -92,7 +93,8 @@ func TestShouldRateLimit(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			c := client(t, tc.url(t), tc.cluster)
+			url := tc.url(t)
+			c := client(t, url, tc.cluster)
 			req := &rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{
 				descriptor("key1", "foo"), descriptor("remote_address", "192.0.2.7"),
 			}}
@@ -116,6 +118,18 @@ func TestShouldRateLimit(t *testing.T) {
 				}
 				if !wantOK && ip.Code != rlsv3.RateLimitResponse_OVER_LIMIT {
 					t.Errorf("request %d: per-ip %v, want OVER_LIMIT", i+1, ip.Code)
+				}
+			}
+			// In Redis, the per-key window holds the three admitted requests only.
+			if !tc.cluster {
+				rc := redis.NewClient(&redis.Options{Addr: strings.TrimPrefix(url, "redis://")})
+				defer rc.Close()
+				keys, err := rc.Keys(context.Background(), "*per-key*").Result()
+				if err != nil || len(keys) != 1 {
+					t.Fatalf("per-key keys in Redis = %v, %v; want one window", keys, err)
+				}
+				if n, err := rc.Get(context.Background(), keys[0]).Int(); err != nil || n != 3 {
+					t.Errorf("GET %s = %d, %v; want 3: a denied request charged the descriptor under its limit", keys[0], n, err)
 				}
 			}
 			// The per-key limit was charged by the three admitted requests only: the
