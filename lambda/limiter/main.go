@@ -333,7 +333,7 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 	}
 	// The engines of envoyproxy/ratelimit's domains come first, so that the store's
 	// circuit breakers take the policy's settings from the engine made last.
-	var domains map[string]*engine.Engine
+	var domains map[string]rls.Domain
 	if c.ERLConfig != "" {
 		if domains, err = erlEngines(c.ERLConfig, decider, metrics.Hooks(), log); err != nil {
 			s.Close()
@@ -354,7 +354,7 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 	}))
 	s.rls = rls.New(s.eng, log)
 	if domains != nil {
-		domains[p.Domain] = s.eng
+		domains[p.Domain] = rls.Domain{Engine: s.eng}
 		s.rls = rls.NewDomains(domains, log)
 	}
 	// envoyproxy/ratelimit's HTTP endpoint, for its clients.
@@ -365,32 +365,34 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 
 // erlEngines loads every envoyproxy/ratelimit configuration file (*.yaml, *.yml) in
 // dir, translated (package erl) and validated, into an engine per domain on store.
-func erlEngines(dir string, store engine.Store, hooks engine.Hooks, log *slog.Logger) (map[string]*engine.Engine, error) {
+func erlEngines(dir string, store engine.Store, hooks engine.Hooks, log *slog.Logger) (map[string]rls.Domain, error) {
 	files, err := filepath.Glob(filepath.Join(dir, "*.y*ml"))
 	if err != nil || len(files) == 0 {
 		return nil, fmt.Errorf("--erl-config %s: no *.yaml or *.yml files", dir)
 	}
-	out := map[string]*engine.Engine{}
+	out := map[string]rls.Domain{}
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			return nil, err
 		}
-		domain, doc, err := erl.Translate(data)
+		tr, err := erl.Translate(data)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f, err)
 		}
-		if _, dup := out[domain]; dup {
-			return nil, fmt.Errorf("%s: domain %s is in another file too", f, domain)
+		if _, dup := out[tr.Domain]; dup {
+			return nil, fmt.Errorf("%s: domain %s is in another file too", f, tr.Domain)
 		}
-		p, err := policy.Parse(doc)
+		p, err := policy.Parse(tr.Policy)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f, err)
 		}
-		if out[domain], err = engine.New(engine.Config{Policy: p, Store: store, Logger: log, Hooks: hooks}); err != nil {
+		eng, err := engine.New(engine.Config{Policy: p, Store: store, Logger: log, Hooks: hooks})
+		if err != nil {
 			return nil, err
 		}
-		log.Info("envoyproxy/ratelimit configuration loaded", "file", f, "domain", domain, "rules", len(p.Rules))
+		out[tr.Domain] = rls.Domain{Engine: eng, Replaces: tr.Replaces}
+		log.Info("envoyproxy/ratelimit configuration loaded", "file", f, "domain", tr.Domain, "rules", len(p.Rules))
 	}
 	return out, nil
 }

@@ -21,16 +21,22 @@
 //     generic one's.
 //
 // Limits are fixed windows aligned to the epoch, as ERL's: unit second, minute, hour
-// and day as they are, week 7 days, month 30 days, year 365 days.
+// and day as they are, week 7 days, month 30 days, year 365 days. Two fields of
+// tollgate's own extend a rate_limit: unit_multiplier (a window of several units) and
+// algorithm, with burst (another of tollgate's algorithms). ERL's replaces acts
+// across the descriptors of a request, so it is not in the policy but in
+// Translation.Replaces, which package rls applies.
 package erl
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -48,6 +54,11 @@ type rateLimit struct {
 	Replaces        []struct {
 		Name string `yaml:"name"`
 	} `yaml:"replaces"`
+	// tollgate's extensions, which ERL does not read: a window of several units
+	// (envoyproxy/ratelimit#190), and another algorithm than ERL's fixed window.
+	UnitMultiplier uint32 `yaml:"unit_multiplier"`
+	Algorithm      string `yaml:"algorithm"`
+	Burst          int64  `yaml:"burst"`
 }
 
 type descriptor struct {
@@ -78,33 +89,79 @@ type step struct {
 
 type rule struct {
 	name      string
+	erlName   string // the rate_limit's name in the file, which replaces refers to
 	path      []step
 	limit     string // tollgate's limit, or "" for unlimited
 	shadow    bool
-	replaces  []string
+	replaces  []string // within a descriptor: the guards of a more specific node
 	guardOnly bool
+	// erlReplaces are the names (in the file) of the rate_limits this one replaces
+	// across the descriptors of a request.
+	erlReplaces []string
+}
+
+// A Translation is one ERL configuration file as tollgate serves it.
+type Translation struct {
+	// Domain is the file's domain.
+	Domain string
+	// Policy is the tollgate policy document of its descriptors.
+	Policy []byte
+	// Replaces maps a rule of Policy to the rules it replaces across the descriptors
+	// of one request (ERL's replaces: when a descriptor's limit names another limit,
+	// that limit is not applied to any descriptor of the request). Package rls
+	// applies it.
+	Replaces map[string][]string
 }
 
 // Translate turns one ERL configuration file into a tollgate policy document for its
 // domain. It refuses, naming the descriptor, what it cannot keep ERL's meaning of.
-func Translate(data []byte) (domain string, policy []byte, err error) {
+func Translate(data []byte) (Translation, error) {
 	var r root
 	dec := yaml.NewDecoder(strings.NewReader(string(data)))
 	dec.KnownFields(true)
 	if err := dec.Decode(&r); err != nil {
-		return "", nil, fmt.Errorf("erl: %w", err)
+		return Translation{}, fmt.Errorf("erl: %w", err)
 	}
 	if r.Domain == "" {
-		return "", nil, errors.New("erl: domain is empty")
+		return Translation{}, errors.New("erl: domain is empty")
 	}
 	var t translator
 	if err := t.walk(nil, "descriptors", r.Descriptors); err != nil {
-		return "", nil, err
+		return Translation{}, err
 	}
 	if len(t.rules) == 0 {
-		return "", nil, fmt.Errorf("erl: domain %s: no descriptor has a rate_limit", r.Domain)
+		return Translation{}, fmt.Errorf("erl: domain %s: no descriptor has a rate_limit", r.Domain)
 	}
-	return r.Domain, t.document(r.Domain), nil
+	replaces, err := t.crossReplaces()
+	if err != nil {
+		return Translation{}, err
+	}
+	return Translation{Domain: r.Domain, Policy: t.document(r.Domain), Replaces: replaces}, nil
+}
+
+// crossReplaces resolves each rate_limit's replaces, which name other rate_limits by
+// their names in the file, to the names of their rules.
+func (t *translator) crossReplaces() (map[string][]string, error) {
+	byName := map[string][]string{} // ERL applies a replacement to every limit of the name
+	for _, r := range t.rules {
+		if r.erlName != "" {
+			byName[r.erlName] = append(byName[r.erlName], r.name)
+		}
+	}
+	var out map[string][]string
+	for _, r := range t.rules {
+		for _, n := range r.erlReplaces {
+			targets, ok := byName[n]
+			if !ok {
+				return nil, fmt.Errorf("erl: rate_limit %s replaces %q, which no rate_limit of the file is named; name it, or remove the replacement", r.name, n)
+			}
+			if out == nil {
+				out = map[string][]string{}
+			}
+			out[r.name] = append(out[r.name], targets...)
+		}
+	}
+	return out, nil
 }
 
 type translator struct {
@@ -142,16 +199,19 @@ func (t *translator) walk(parent []step, where string, ds []descriptor) error {
 		path := append(append([]step(nil), parent...), s)
 		first := len(t.rules)
 		if rl := d.RateLimit; rl != nil {
-			if len(rl.Replaces) > 0 {
-				return fmt.Errorf("erl: %s: replaces acts across the descriptors of a request, which tollgate does not do yet", at)
-			}
-			r := &rule{name: t.name(rl.Name, path), path: path, shadow: d.ShadowMode}
-			if !rl.Unlimited {
-				u, ok := units[strings.ToLower(rl.Unit)]
-				if !ok || rl.RequestsPerUnit == 0 {
-					return fmt.Errorf("erl: %s: rate_limit wants requests_per_unit above 0 and a unit of second, minute, hour, day, week, month or year (got %d per %q)", at, rl.RequestsPerUnit, rl.Unit)
+			r := &rule{name: t.name(rl.Name, path), erlName: rl.Name, path: path, shadow: d.ShadowMode}
+			for _, rp := range rl.Replaces {
+				if rl.Unlimited {
+					return fmt.Errorf("erl: %s: an unlimited rate_limit with replaces is not supported yet; give it a limit, or replace from a limited rate_limit", at)
 				}
-				r.limit = fmt.Sprintf("{algorithm: fixed_window, rate: %d/%s}", rl.RequestsPerUnit, u)
+				r.erlReplaces = append(r.erlReplaces, rp.Name)
+			}
+			if !rl.Unlimited {
+				lim, err := limitOf(rl)
+				if err != nil {
+					return fmt.Errorf("erl: %s: %w", at, err)
+				}
+				r.limit = lim
 			}
 			t.rules = append(t.rules, r)
 		}
@@ -180,6 +240,29 @@ func (t *translator) walk(parent []step, where string, ds []descriptor) error {
 		}
 	}
 	return nil
+}
+
+// limitOf writes rl's limit as tollgate's: ERL's fixed window, or the algorithm of
+// tollgate's extension field, over unit_multiplier units.
+func limitOf(rl *rateLimit) (string, error) {
+	u, ok := units[strings.ToLower(rl.Unit)]
+	if !ok || rl.RequestsPerUnit == 0 {
+		return "", fmt.Errorf("rate_limit wants requests_per_unit above 0 and a unit of second, minute, hour, day, week, month or year (got %d per %q)", rl.RequestsPerUnit, rl.Unit)
+	}
+	if m := rl.UnitMultiplier; m > 1 {
+		n, rest := 1, u
+		if i := strings.IndexFunc(u, func(r rune) bool { return r < '0' || r > '9' }); i > 0 {
+			n, _ = strconv.Atoi(u[:i])
+			rest = u[i:]
+		}
+		u = strconv.FormatInt(int64(n)*int64(m), 10) + rest
+	}
+	algorithm := cmp.Or(rl.Algorithm, "fixed_window")
+	lim := fmt.Sprintf("{algorithm: %s, rate: %d/%s", yamlString(algorithm), rl.RequestsPerUnit, u)
+	if rl.Burst != 0 {
+		lim += fmt.Sprintf(", burst: %d", rl.Burst)
+	}
+	return lim + "}", nil
 }
 
 // exact writes value so that tollgate matches it exactly: as it is, or, when it would

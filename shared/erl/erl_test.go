@@ -1,7 +1,9 @@
 package erl_test
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -16,12 +18,13 @@ func TestTranslateRefuses(t *testing.T) {
 		{"domain: d\ndescriptors: [{value: x}]\n", "descriptors[0]: key is empty"},
 		{"domain: d\ndescriptors: [{key: k, rate_limit: {unit: fortnight, requests_per_unit: 5}}]\n", "unit of second, minute, hour, day, week, month or year"},
 		{"domain: d\ndescriptors: [{key: k, rate_limit: {unit: second}}]\n", "requests_per_unit above 0"},
-		{"domain: d\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: x}]}}]\n", "replaces acts across the descriptors"},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: x}]}}]\n", `replaces "x", which no rate_limit of the file is named`},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {unlimited: true, replaces: [{name: x}]}}]\n", "an unlimited rate_limit with replaces is not supported"},
 		{"domain: d\ndescriptors: [{key: k, colour: red}]\n", "field colour not found"},
 		{"domain: d\ndescriptors: [{key: k, value: v}, {key: k, value: v}]\n", "appears twice"},
 		{"domain: d\ndescriptors: [{key: k}]\n", "no descriptor has a rate_limit"},
 	} {
-		if _, _, err := erl.Translate([]byte(tt.doc)); err == nil || !strings.Contains(err.Error(), tt.want) {
+		if _, err := erl.Translate([]byte(tt.doc)); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("Translate(%q) = %v, want an error with %q", tt.doc, err, tt.want)
 		}
 	}
@@ -31,7 +34,7 @@ func TestTranslateRefuses(t *testing.T) {
 // tollgate patterns, and its units, shadow mode and unlimited limits.
 func TestTranslateValues(t *testing.T) {
 	t.Parallel()
-	_, doc, err := erl.Translate([]byte(`domain: d
+	tr, err := erl.Translate([]byte(`domain: d
 descriptors:
   - {key: path, value: "/users/{id}", rate_limit: {unit: week, requests_per_unit: 7}}
   - {key: path, value: "!x", shadow_mode: true, rate_limit: {unit: month, requests_per_unit: 30}}
@@ -41,9 +44,9 @@ descriptors:
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := policy.Parse(doc)
+	p, err := policy.Parse(tr.Policy)
 	if err != nil {
-		t.Fatalf("Parse = %v\n%s", err, doc)
+		t.Fatalf("Parse = %v\n%s", err, tr.Policy)
 	}
 	for _, c := range []struct {
 		rule, attr, value string
@@ -62,7 +65,7 @@ descriptors:
 			}
 		}
 		if r == nil {
-			t.Fatalf("no rule %s in\n%s", c.rule, doc)
+			t.Fatalf("no rule %s in\n%s", c.rule, tr.Policy)
 		}
 		attrs := map[string]string{erl.KeysAttribute: c.attr, c.attr: c.value}
 		if got := r.WhyNot(attrs) == ""; got != c.applies {
@@ -70,8 +73,8 @@ descriptors:
 		}
 	}
 	for _, want := range []string{"rate: 7/7day", "shadow: true", "rate: 30/30day", "unlimited: true", "rate: 1/365day"} {
-		if !strings.Contains(string(doc), want) {
-			t.Errorf("translation lacks %q:\n%s", want, doc)
+		if !strings.Contains(string(tr.Policy), want) {
+			t.Errorf("translation lacks %q:\n%s", want, tr.Policy)
 		}
 	}
 }
@@ -81,23 +84,52 @@ descriptors:
 func FuzzTranslate(f *testing.F) {
 	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n    descriptors: [{key: p, value: '/x', rate_limit: {unit: minute, requests_per_unit: 1}}]\n  - {key: k, value: v, rate_limit: {unlimited: true}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		_, doc, err := erl.Translate(data)
+		tr, err := erl.Translate(data)
 		if err != nil {
 			return
 		}
 		// ERL takes any key and domain; tollgate's attribute and domain names are
 		// narrower, and the policy says so. Anything else is the translator's fault.
-		_, err = policy.Parse(doc)
+		_, err = policy.Parse(tr.Policy)
 		ve, ok := errors.AsType[*policy.ValidationError](err)
 		if err != nil && !ok {
 			t.Fatalf("Parse = %v", err)
 		}
 		if ok {
 			for _, p := range ve.Problems {
-				if p.Path != "domain" && !strings.Contains(p.Path, ".match.") {
-					t.Fatalf("the translation of %q does not parse: %v\n%s", data, p, doc)
+				// tollgate's extension fields (algorithm, burst, unit_multiplier) are
+				// checked by the policy, as if written there.
+				extension := strings.Contains(p.Path, ".limits[") && (bytes.Contains(data, []byte("algorithm")) || bytes.Contains(data, []byte("burst")) || bytes.Contains(data, []byte("unit_multiplier")))
+				if p.Path != "domain" && !strings.Contains(p.Path, ".match.") && !extension {
+					t.Fatalf("the translation of %q does not parse: %v\n%s", data, p, tr.Policy)
 				}
 			}
 		}
 	})
+}
+
+// TestTranslateExtensions reads tollgate's extension fields of a rate_limit: a window
+// of unit_multiplier units, and another algorithm with a burst.
+func TestTranslateExtensions(t *testing.T) {
+	t.Parallel()
+	tr, err := erl.Translate([]byte(`domain: d
+descriptors:
+  - {key: a, rate_limit: {unit: minute, requests_per_unit: 10, unit_multiplier: 5}}
+  - {key: b, rate_limit: {unit: week, requests_per_unit: 3, unit_multiplier: 2}}
+  - {key: c, rate_limit: {unit: second, requests_per_unit: 100, algorithm: gcra, burst: 200}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Parse(tr.Policy)
+	if err != nil {
+		t.Fatalf("Parse = %v\n%s", err, tr.Policy)
+	}
+	want := []string{"fixed_window 10/5m0s burst 0", "fixed_window 3/336h0m0s burst 0", "gcra 100/1s burst 200"}
+	for i, r := range p.Rules {
+		l := r.Limits[0]
+		if got := fmt.Sprintf("%s %d/%v burst %d", l.Algorithm, l.Count, l.Period, l.Burst); got != want[i] {
+			t.Errorf("rule %s: %s, want %s", r.Name, got, want[i])
+		}
+	}
 }

@@ -25,11 +25,11 @@ const benchConfig = "domain: bench\ndescriptors:\n  - key: client\n    rate_limi
 // cost per decision, gRPC included, for profiling (-cpuprofile) what bench-erl
 // measures against envoyproxy/ratelimit.
 func BenchmarkShouldRateLimit(b *testing.B) {
-	_, doc, err := erl.Translate([]byte(benchConfig))
+	tr, err := erl.Translate([]byte(benchConfig))
 	if err != nil {
 		b.Fatal(err)
 	}
-	p, err := policy.Parse(doc)
+	p, err := policy.Parse(tr.Policy)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -28,19 +28,21 @@ func erlClient(t *testing.T, url string, cluster bool, configs ...[]byte) rlsv3.
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	domains := map[string]*engine.Engine{}
+	domains := map[string]rls.Domain{}
 	for _, c := range configs {
-		domain, doc, err := erl.Translate(c)
+		tr, err := erl.Translate(c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := policy.Parse(doc)
+		p, err := policy.Parse(tr.Policy)
 		if err != nil {
-			t.Fatalf("the translation of domain %s does not parse: %v\n%s", domain, err, doc)
+			t.Fatalf("the translation of domain %s does not parse: %v\n%s", tr.Domain, err, tr.Policy)
 		}
-		if domains[domain], err = engine.New(engine.Config{Policy: p, Store: st}); err != nil {
+		eng, err := engine.New(engine.Config{Policy: p, Store: st})
+		if err != nil {
 			t.Fatal(err)
 		}
+		domains[tr.Domain] = rls.Domain{Engine: eng, Replaces: tr.Replaces}
 	}
 	return serve(t, rls.NewDomains(domains, nil))
 }
@@ -211,5 +213,49 @@ descriptors:
 		if admitted != tt.admitted || rpu != tt.rpu {
 			t.Errorf("%s: %d of 10 admitted under %d per unit, want %d under %d", tt.what, admitted, rpu, tt.admitted, tt.rpu)
 		}
+	}
+}
+
+// TestERLReplaces sends a request of two descriptors, one of which reaches a limit
+// that replaces (ERL's replaces, across the descriptors of a request) the other's:
+// as in ERL, the replaced limit is not applied, so its descriptor answers OK with no
+// limit and its count stays untouched in Redis, while alone it is limited.
+func TestERLReplaces(t *testing.T) {
+	t.Parallel()
+	conf := []byte(`domain: repl
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 2, name: per-tenant}
+  - key: plan
+    value: gold
+    rate_limit: {unit: minute, requests_per_unit: 50, name: gold, replaces: [{name: per-tenant}]}
+`)
+	srv := redistest.StartServer(t)
+	c := erlClient(t, "redis://"+srv.Addr, false, conf)
+	ctx := context.Background()
+	for i := range 5 {
+		resp, err := c.ShouldRateLimit(ctx, request("repl", descriptor("tenant", "acme"), descriptor("plan", "gold")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil || resp.Statuses[1].GetCurrentLimit().GetRequestsPerUnit() != 50 {
+			t.Fatalf("gold request %d: %v, want OK, the tenant's limit replaced and gold's 50 per minute", i+1, resp)
+		}
+	}
+	if keys, err := srv.Client(t).Keys(ctx, "*per-tenant*").Result(); err != nil || len(keys) != 0 {
+		t.Errorf("per-tenant keys after the gold requests = %v, %v; want none: a replaced limit is not charged", keys, err)
+	}
+	admitted := 0
+	for range 5 {
+		resp, err := c.ShouldRateLimit(ctx, request("repl", descriptor("tenant", "acme")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+			admitted++
+		}
+	}
+	if admitted != 2 {
+		t.Errorf("the tenant alone: %d of 5 admitted, want its 2 per minute", admitted)
 	}
 }

@@ -49,9 +49,17 @@ const MaxDescriptors = bounds.MaxAttributes
 // Server is the RateLimitService on an engine.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	eng     *engine.Engine            // the one engine, or nil
-	domains map[string]*engine.Engine // by domain, when there are several
+	eng     *engine.Engine    // the one engine, or nil
+	domains map[string]Domain // by domain, when there are several
 	log     *slog.Logger
+}
+
+// A Domain is one envoyproxy/ratelimit configuration file as the service decides it.
+type Domain struct {
+	Engine *engine.Engine
+	// Replaces maps a rule to the rules it replaces across the descriptors of a
+	// request (erl.Translation.Replaces).
+	Replaces map[string][]string
 }
 
 // New returns the service on eng.
@@ -64,35 +72,37 @@ func New(eng *engine.Engine, log *slog.Logger) *Server {
 
 // NewDomains returns the service on an engine per domain (one per
 // envoyproxy/ratelimit configuration file, see package erl).
-func NewDomains(domains map[string]*engine.Engine, log *slog.Logger) *Server {
+func NewDomains(domains map[string]Domain, log *slog.Logger) *Server {
 	s := New(nil, log)
 	s.domains = domains
 	return s
 }
 
-// engine returns the engine of a domain.
-func (s *Server) engine(domain string) (*engine.Engine, error) {
+// domain returns what decides a domain.
+func (s *Server) domain(name string) (Domain, error) {
 	if s.eng != nil {
-		return s.eng, nil
+		return Domain{Engine: s.eng}, nil
 	}
-	if e, ok := s.domains[domain]; ok {
-		return e, nil
+	if d, ok := s.domains[name]; ok {
+		return d, nil
 	}
-	return nil, fmt.Errorf("unknown domain %.64q", domain)
+	return Domain{}, fmt.Errorf("unknown domain %.64q", name)
 }
 
 // ShouldRateLimit decides every descriptor of req together. A caller's mistake is
 // INVALID_ARGUMENT; a Redis failure under the failure mode closed is UNAVAILABLE, so
 // that Envoy's failure_mode_deny decides, and under open or local an answer.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	eng, err := s.engine(req.GetDomain())
+	dom, err := s.domain(req.GetDomain())
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	eng := dom.Engine
 	plans, err := plan(eng, req)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	replace(plans, dom.Replaces)
 	joint, idx := engine.Join(plans)
 	v := eng.Decide(ctx, joint)
 	if v.Reason == engine.ReasonUnavailable {
@@ -192,6 +202,38 @@ func plan(eng *engine.Engine, req *rlsv3.RateLimitRequest) ([]engine.Plan, error
 		plans = append(plans, p)
 	}
 	return plans, nil
+}
+
+// replace drops from plans the meters of every rule that a rule of another (or the
+// same) plan replaces, as envoyproxy/ratelimit drops a descriptor's limit when any
+// descriptor of the request reaches a limit that names it in replaces.
+func replace(plans []engine.Plan, replaces map[string][]string) {
+	if len(replaces) == 0 {
+		return
+	}
+	gone := map[string]bool{}
+	for _, p := range plans {
+		for _, r := range p.Rules {
+			for _, n := range replaces[r.Name] {
+				gone[n] = true
+			}
+		}
+	}
+	if len(gone) == 0 {
+		return
+	}
+	for i := range plans {
+		p := &plans[i]
+		var keys []string
+		var meters []algo.Meter
+		var rules []*policy.Rule
+		for j, r := range p.Rules {
+			if !gone[r.Name] {
+				keys, meters, rules = append(keys, p.Check.Keys[j]), append(meters, p.Check.Meters[j]), append(rules, r)
+			}
+		}
+		p.Check.Keys, p.Check.Meters, p.Rules = keys, meters, rules
+	}
 }
 
 // supported refuses what tollgate does not decide yet rather than decide it wrongly.
