@@ -76,6 +76,9 @@ type request struct {
 	principal string
 	// usageKey is the raw API key or token, for usageIdentifierKey. Never log it.
 	usageKey string
+	// keyHashed reports that attrs' api_key is the key's hash (algo.HashValue), made
+	// here: a token always, an API key longer than the engine accepts.
+	keyHashed bool
 }
 
 // probe holds the fields that tell the event shapes apart.
@@ -189,6 +192,7 @@ func (x extractor) fromToken(ev events.APIGatewayCustomAuthorizerRequest) (reque
 		r.identity = true
 		r.usageKey = ev.AuthorizationToken
 		r.attrs[attrAPIKey] = algo.HashValue(tok)
+		r.keyHashed = true
 		r.principal = r.attrs[attrAPIKey]
 	} else {
 		r.principal = anonymous
@@ -222,6 +226,7 @@ func (r *request) withKey(key string) {
 		r.identity = true
 		r.usageKey = key
 		r.attrs[attrAPIKey] = fit(key)
+		r.keyHashed = len(key) > bounds.MaxValueLength // fit hashed it
 		r.principal = algo.HashValue(key)
 	default:
 		r.principal = anonymous

@@ -128,7 +128,7 @@ func (h *Handler) Handle(ctx context.Context, raw []byte) (any, error) {
 		h.metrics.record(start, "none", resultBadEvent, false, false)
 		return nil, err
 	}
-	plan, err := h.eng.Plan(engine.Request{Domain: pol.Domain, Attributes: r.attrs, Cost: 1})
+	plan, err := h.eng.Plan(engine.Request{Domain: pol.Domain, Attributes: r.attrs, Cost: 1, KeyHashed: r.keyHashed})
 	if err != nil {
 		h.log.Error("decision failed", "request_id", reqID, "event", r.shape.String(), "err", err)
 		h.metrics.record(start, "none", resultError, false, false)

@@ -66,6 +66,11 @@ type Request struct {
 	Attributes map[string]string
 	// Cost is the request's weight in units; 0 peeks without charging.
 	Cost int64
+	// KeyHashed says the front door put the SHA-256 of the request's API key in its
+	// key attribute (algo.HashValue), so the policy's plan table finds it by that
+	// hash. Otherwise the value is the client's, and one that looks like a hash is
+	// hashed again like any other.
+	KeyHashed bool
 }
 
 // LimitResult is one limit's decision within a verdict.
@@ -404,7 +409,7 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 	if pl := pol.Plans; pl != nil {
 		plan := "" // no key, no plan
 		if key, ok := attrs[pl.From]; ok {
-			plan = pl.Plan(key)
+			plan = pl.Plan(key, r.KeyHashed)
 		}
 		// Only the table says a key's plan: a value the request carried goes.
 		if have, has := attrs[pl.Attribute]; have != plan || has && plan == "" {

@@ -209,8 +209,23 @@ rules:
 			t.Errorf("%v: %d of 50 admitted, want %d", c.attrs, n, c.want)
 		}
 	}
-	if hashed := eng.Policy().Plans.Plan(algo.HashValue("k-pro-secret")); hashed != "pro" {
+	if hashed := eng.Policy().Plans.Plan(algo.HashValue("k-pro-secret"), true); hashed != "pro" {
 		t.Errorf("Plan(a front door's hash of the pro key) = %q, want pro", hashed)
+	}
+	// The table's hash is no secret: a client that sends it, in either form, as its
+	// key gets the default plan.
+	for _, spoof := range []string{fmt.Sprintf("sha256:%x", sum), algo.HashValue("k-pro-secret")} {
+		p, err := eng.Plan(engine.Request{Domain: "d", Attributes: map[string]string{"api_key": spoof}, Cost: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Attributes["plan"]; got != "free" {
+			t.Errorf("a client sending the table's hash %q as its key: plan %q, want free", spoof, got)
+		}
+	}
+	p, err := eng.Plan(engine.Request{Domain: "d", Attributes: map[string]string{"api_key": algo.HashValue("k-pro-secret")}, Cost: 1, KeyHashed: true})
+	if err != nil || p.Attributes["plan"] != "pro" {
+		t.Errorf("the hash a front door made (KeyHashed): plan %q, %v; want pro", p.Attributes["plan"], err)
 	}
 }
 

@@ -109,9 +109,9 @@ type Plans struct {
 	// Attribute is the attribute the plan goes in (default "plan"). A value the
 	// request carries for it is replaced: only the table says a key's plan.
 	Attribute string
-	// From is the attribute holding the key (default api_key). A value already
-	// hashed by a front door ("~" and the hex SHA-256, see algo.HashValue) is looked
-	// up by its hash.
+	// From is the attribute holding the key (default api_key). A value a front
+	// door hashed ("~" and the hex SHA-256, see algo.HashValue) is looked up by its
+	// hash when the front door says so (Plan's hashed).
 	From string
 	// Default is the plan of a key the table lacks; empty leaves such requests
 	// without the plan attribute.
@@ -120,13 +120,17 @@ type Plans struct {
 	Keys map[string]string
 }
 
-// Plan returns the plan of a request whose key attribute is key, or "".
-func (pl *Plans) Plan(key string) string {
-	if plan, ok := pl.Keys[key]; ok {
+// Plan returns the plan of a request whose key attribute is key, or "". hashed says
+// that a front door put the key's hash in the attribute ("~" and the hex SHA-256, as
+// algo.HashValue writes it); otherwise the value is the client's as sent, so a client
+// that sends a table entry's hash, in either form, gets no plan by it: the hash in
+// the policy is not a secret.
+func (pl *Plans) Plan(key string, hashed bool) string {
+	if plan, ok := pl.Keys[key]; ok && !strings.HasPrefix(key, "sha256:") {
 		return plan
 	}
-	hexSum, hashed := strings.CutPrefix(key, "~")
-	if !hashed || len(hexSum) != 64 {
+	hexSum, pre := strings.CutPrefix(key, "~")
+	if !hashed || !pre || len(hexSum) != 64 {
 		sum := sha256.Sum256([]byte(key))
 		hexSum = hex.EncodeToString(sum[:])
 	}

@@ -73,7 +73,7 @@ func TestLoadShipped(t *testing.T) {
 		{"orders", map[string]string{"api_key": "*", "path": "/users/{id}/orders"}, false, []string{""},
 			[]algo.Meter{{Limits: []algo.Limit{orders}}}},
 	}
-	if p.Plans == nil || p.Plans.Default != "free" || p.Plans.Plan("k-pro-example") != "pro" || p.Plans.Plan("k-other") != "free" {
+	if p.Plans == nil || p.Plans.Default != "free" || p.Plans.Plan("k-pro-example", false) != "pro" || p.Plans.Plan("k-other", false) != "free" {
 		t.Errorf("Load(%q).Plans = %+v, want k-pro-example on pro and the rest on free", shipped, p.Plans)
 	}
 	if got := p.Rules[5].Replaces; !reflect.DeepEqual(got, []string{"per-key"}) {
