@@ -309,7 +309,11 @@ func (t *translator) name(given string, path []step) string {
 func (t *translator) document(domain string) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Translated from envoyproxy/ratelimit's configuration of domain %s.\n", domain)
-	fmt.Fprintf(&b, "domain: %s\nrules:\n", yamlString(domain))
+	// Each domain keeps its counts under its own prefix, as ERL keys them by domain;
+	// and a Redis failure is an error, as in ERL, so that Envoy's failure_mode_deny
+	// decides what it means. ERL waits for Redis as long as Envoy waits for it (the
+	// filter's timeout, 20ms by default); a second bounds a decision here.
+	fmt.Fprintf(&b, "domain: %s\nprefix: %s\nfailure: {mode: closed, timeout: 1s}\nrules:\n", yamlString(domain), yamlString(prefixOf(domain)))
 	for _, r := range t.rules {
 		fmt.Fprintf(&b, "  - name: %s\n    match: {%s: %s", r.name, KeysAttribute, yamlString(keysOf(r.path)))
 		for _, s := range r.path {
@@ -334,6 +338,18 @@ func (t *translator) document(domain string) []byte {
 		}
 	}
 	return []byte(b.String())
+}
+
+var safeDomain = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,56}$`)
+
+// prefixOf is the key prefix of a domain's counts: "tg:", the domain (or a hash of
+// it, when it would not fit or not read well in a key) and ":".
+func prefixOf(domain string) string {
+	if safeDomain.MatchString(domain) {
+		return "tg:" + domain + ":"
+	}
+	sum := sha256.Sum256([]byte(domain))
+	return "tg:" + hex.EncodeToString(sum[:8]) + ":"
 }
 
 func keysOf(path []step) string {

@@ -10,6 +10,8 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/erl"
@@ -257,5 +259,39 @@ descriptors:
 	}
 	if admitted != 2 {
 		t.Errorf("the tenant alone: %d of 5 admitted, want its 2 per minute", admitted)
+	}
+}
+
+// TestERLDomainsApart serves two ERL files with the same descriptors under different
+// domains on one real Redis: each keeps its own count, as ERL keys counts by domain;
+// and with Redis gone, a translated domain answers UNAVAILABLE (its failure mode is
+// closed), so that Envoy's failure_mode_deny decides, as with ERL.
+func TestERLDomainsApart(t *testing.T) {
+	t.Parallel()
+	conf := func(domain string) []byte {
+		return []byte("domain: " + domain + "\ndescriptors:\n  - {key: client, rate_limit: {unit: minute, requests_per_unit: 2}}\n")
+	}
+	srv := redistest.StartServer(t)
+	c := erlClient(t, "redis://"+srv.Addr, false, conf("alpha"), conf("beta"))
+	ctx := context.Background()
+	for _, domain := range []string{"alpha", "beta"} {
+		admitted := 0
+		for range 4 {
+			resp, err := c.ShouldRateLimit(ctx, request(domain, descriptor("client", "c1")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+				admitted++
+			}
+		}
+		if admitted != 2 {
+			t.Errorf("domain %s: %d of 4 admitted, want its own 2 per minute", domain, admitted)
+		}
+	}
+	srv.Kill()
+	_, err := c.ShouldRateLimit(ctx, request("alpha", descriptor("client", "c2")))
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("with Redis gone: %v, want UNAVAILABLE", err)
 	}
 }

@@ -6,7 +6,8 @@
 // A request's domain must be the policy's. Each descriptor's entries become the
 // attributes of one request to the policy (entry key → attribute name), and every
 // descriptor of a request is decided together, all-or-nothing: when one is over its
-// limit, none is charged. The cost is the request's hits_addend (1 when unset).
+// limit, none is charged. The cost is the request's hits_addend (1 when unset), or
+// the descriptors' own hits_addend, which must then be the same for all.
 //
 // A descriptor that carries its own limit (Envoy's dynamic limit override,
 // RateLimitDescriptor.limit) is decided by that limit alone, as envoyproxy/ratelimit
@@ -172,14 +173,21 @@ func plan(eng *engine.Engine, req *rlsv3.RateLimitRequest) ([]engine.Plan, error
 	case n > MaxDescriptors:
 		return nil, fmt.Errorf("%d descriptors; at most %d", n, MaxDescriptors)
 	}
-	cost := int64(req.GetHitsAddend())
-	if req.HitsAddend == 0 {
-		cost = 1
+	// As in ERL, a descriptor's hits_addend takes the place of the request's, which is
+	// 1 when unset (0); a descriptor's own 0 checks without charging.
+	cost := func(d *rlv3.RateLimitDescriptor) int64 {
+		if h := d.GetHitsAddend(); h != nil {
+			return int64(h.GetValue())
+		}
+		return int64(max(1, req.GetHitsAddend()))
 	}
 	plans := make([]engine.Plan, 0, len(req.Descriptors))
 	for i, d := range req.Descriptors {
-		if err := supported(d, cost); err != nil {
+		if err := supported(d); err != nil {
 			return nil, fmt.Errorf("descriptors[%d]: %w", i, err)
+		}
+		if c, c0 := cost(d), cost(req.Descriptors[0]); c != c0 {
+			return nil, fmt.Errorf("descriptors[%d]: a cost (hits_addend) of %d where descriptors[0] has %d; tollgate decides every descriptor of a request together at one cost, so send one hits_addend", i, c, c0)
 		}
 		attrs := make(map[string]string, len(d.GetEntries())+1)
 		keys := make([]string, 0, len(d.GetEntries()))
@@ -192,7 +200,7 @@ func plan(eng *engine.Engine, req *rlsv3.RateLimitRequest) ([]engine.Plan, error
 		}
 		// Rules translated from envoyproxy/ratelimit's configuration match on it.
 		attrs[erl.KeysAttribute] = strings.Join(keys, ",")
-		p, err := eng.Plan(engine.Request{Domain: req.GetDomain(), Attributes: attrs, Cost: cost})
+		p, err := eng.Plan(engine.Request{Domain: req.GetDomain(), Attributes: attrs, Cost: cost(d)})
 		if err == nil && d.GetLimit() != nil {
 			err = override(&p, eng.Policy(), d)
 		}
@@ -237,12 +245,9 @@ func replace(plans []engine.Plan, replaces map[string][]string) {
 }
 
 // supported refuses what tollgate does not decide yet rather than decide it wrongly.
-func supported(d *rlv3.RateLimitDescriptor, cost int64) error {
-	switch {
-	case d.GetIsNegativeHits():
+func supported(d *rlv3.RateLimitDescriptor) error {
+	if d.GetIsNegativeHits() {
 		return errors.New("negative hits are not supported")
-	case d.GetHitsAddend() != nil && int64(d.GetHitsAddend().GetValue()) != cost:
-		return errors.New("a descriptor's hits_addend must equal the request's: all descriptors are decided together at one cost")
 	}
 	return nil
 }

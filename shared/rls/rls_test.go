@@ -27,6 +27,7 @@ import (
 )
 
 const testPolicy = `domain: rl
+failure: {timeout: 2s} # a loaded CI machine must not turn answers into the failure mode's
 rules:
   - {name: per-key, match: {key1: "*"}, limits: [{algorithm: fixed_window, rate: 20/min}]}
   - {name: per-ip, match: {remote_address: "*"}, limits: [{algorithm: fixed_window, rate: 3/min}]}
@@ -177,18 +178,18 @@ func TestHostileRequests(t *testing.T) {
 		req  *rlsv3.RateLimitRequest
 		want string
 	}{
-		"unknown domain":      {&rlsv3.RateLimitRequest{Domain: "nope", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "x")}}, "unknown domain"},
-		"no descriptors":      {&rlsv3.RateLimitRequest{Domain: "rl"}, "no descriptors"},
-		"too many":            {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: many}, "at most 64"},
-		"huge value":          {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", strings.Repeat("v", 5000))}}, "longer than 1024 bytes"},
-		"huge hits":           {&rlsv3.RateLimitRequest{Domain: "rl", HitsAddend: 1 << 31, Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "x")}}, "cost must be from 0 to"},
-		"override of 0":       {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(0, typev3.RateLimitUnit_SECOND, nil)}}, "limit.requests_per_unit is 0"},
-		"override per year":   {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_YEAR, nil)}}, "limit.unit YEAR"},
-		"override no unit":    {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_UNKNOWN, nil)}}, "limit.unit UNKNOWN"},
-		"override too long":   {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_DAY, wrapperspb.UInt32(1<<32-1))}}, "send a shorter window"},
-		"override mult 0":     {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_DAY, wrapperspb.UInt32(0))}}, "limit.unit_multiplier is 0"},
-		"per-descriptor cost": {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{perCost}}, "hits_addend must equal"},
-		"repeated key":        {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "a", "key1", "b")}}, "appears twice"},
+		"unknown domain":    {&rlsv3.RateLimitRequest{Domain: "nope", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "x")}}, "unknown domain"},
+		"no descriptors":    {&rlsv3.RateLimitRequest{Domain: "rl"}, "no descriptors"},
+		"too many":          {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: many}, "at most 64"},
+		"huge value":        {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", strings.Repeat("v", 5000))}}, "longer than 1024 bytes"},
+		"huge hits":         {&rlsv3.RateLimitRequest{Domain: "rl", HitsAddend: 1 << 31, Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "x")}}, "cost must be from 0 to"},
+		"override of 0":     {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(0, typev3.RateLimitUnit_SECOND, nil)}}, "limit.requests_per_unit is 0"},
+		"override per year": {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_YEAR, nil)}}, "limit.unit YEAR"},
+		"override no unit":  {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_UNKNOWN, nil)}}, "limit.unit UNKNOWN"},
+		"override too long": {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_DAY, wrapperspb.UInt32(1<<32-1))}}, "send a shorter window"},
+		"override mult 0":   {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_DAY, wrapperspb.UInt32(0))}}, "limit.unit_multiplier is 0"},
+		"costs that differ": {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{perCost, descriptor("key1", "y")}}, "descriptors[1]: a cost (hits_addend) of 1 where descriptors[0] has 7"},
+		"repeated key":      {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "a", "key1", "b")}}, "appears twice"},
 	} {
 		_, err := c.ShouldRateLimit(context.Background(), tc.req)
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
@@ -279,6 +280,36 @@ func TestJSONEndpoint(t *testing.T) {
 	for _, bad := range []string{`{`, `{"domain": "rl", "descriptors": "x"}`, `{"domain": "other", "descriptors": [{"entries": [{"key": "a", "value": "b"}]}]}`} {
 		if code, body := post(bad); code != 400 || !strings.Contains(body, `"error"`) {
 			t.Errorf("POST %s = %d %s, want 400 with an error", bad, code, body)
+		}
+	}
+}
+
+// TestDescriptorHitsAddend charges a descriptor's own hits_addend in place of the
+// request's, as ERL does, and a descriptor's own 0 checks without charging.
+func TestDescriptorHitsAddend(t *testing.T) {
+	t.Parallel()
+	c := client(t, "redis://"+redistest.StartServer(t).Addr, false)
+	send := func(hits *wrapperspb.UInt64Value) uint32 {
+		t.Helper()
+		d := descriptor("key1", "costly")
+		d.HitsAddend = hits
+		resp, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "rl", HitsAddend: 2, Descriptors: []*rlv3.RateLimitDescriptor{d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Statuses[0].LimitRemaining
+	}
+	for _, step := range []struct {
+		hits *wrapperspb.UInt64Value
+		want uint32
+	}{
+		{wrapperspb.UInt64(5), 15}, // the descriptor's 5, not the request's 2
+		{nil, 13},                  // the request's 2
+		{wrapperspb.UInt64(0), 13}, // a check that charges nothing
+		{wrapperspb.UInt64(3), 10},
+	} {
+		if got := send(step.hits); got != step.want {
+			t.Errorf("hits_addend %v: %d remaining of 20, want %d", step.hits, got, step.want)
 		}
 	}
 }
