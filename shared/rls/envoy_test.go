@@ -9,6 +9,7 @@ import (
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
+	exprv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/rate_limit_descriptors/expr/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	upstreamsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
@@ -24,7 +25,8 @@ import (
 // it (YAML to JSON, protojson into a v3 Bootstrap, protobuf validation of it and of each
 // typed_config), that the rate limit filter runs before the router and asks the
 // tollgate_rls cluster over HTTP/2 for the shipped policy's domain, and that every
-// descriptor key its actions produce is an attribute of that policy.
+// descriptor key its actions produce is an attribute of that policy, the path
+// without its query.
 func TestEnvoyRateLimitConfig(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join("..", "..", "scripts", "envoy", "envoy-ratelimit.yaml")
@@ -93,6 +95,17 @@ func TestEnvoyRateLimitConfig(t *testing.T) {
 					key := a.GetRequestHeaders().GetDescriptorKey()
 					if a.GetRemoteAddress() != nil {
 						key = "remote_address"
+					}
+					if a.GetRequestHeaders().GetHeaderName() == ":path" {
+						t.Errorf("a rate_limits action reads :path, which carries the query: /login?x would miss the policy's /login")
+					}
+					if ext := a.GetExtension(); ext != nil {
+						var d exprv3.Descriptor
+						unpack(ext.GetTypedConfig(), &d)
+						key = d.GetDescriptorKey()
+						if key == "path" && d.GetText() != "request.url_path" {
+							t.Errorf("the path descriptor is %q, want request.url_path (the path without its query)", d.GetText())
+						}
 					}
 					if !slices.Contains(attrs, key) {
 						t.Errorf("a rate_limits action produces descriptor key %q, which the policy does not match on (%v)", key, attrs)
