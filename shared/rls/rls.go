@@ -11,7 +11,7 @@
 //
 // A descriptor that carries its own limit (Envoy's dynamic limit override,
 // RateLimitDescriptor.limit) is decided by that limit alone, as envoyproxy/ratelimit
-// does: a fixed window of requests_per_unit × unit_multiplier per unit, counted per
+// does: a fixed window of requests_per_unit per unit × unit_multiplier, counted per
 // descriptor (its entries) and per limit, so that two overrides never share a count.
 // Its state is bounded like any other limit's: a key per descriptor and limit, which
 // expires with its window.
@@ -256,13 +256,15 @@ func supported(d *rlv3.RateLimitDescriptor) error {
 // statuses.
 const OverrideRule = "descriptor-limit"
 
-// overrideUnits are the lengths of Envoy's units a descriptor's limit may use; MONTH
-// is a calendar month in UTC.
+// overrideUnits are the lengths of Envoy's units a descriptor's limit may use: month
+// and year are 30 and 365 days, as envoyproxy/ratelimit counts them (and package erl).
 var overrideUnits = map[typev3.RateLimitUnit]time.Duration{
 	typev3.RateLimitUnit_SECOND: time.Second,
 	typev3.RateLimitUnit_MINUTE: time.Minute,
 	typev3.RateLimitUnit_HOUR:   time.Hour,
 	typev3.RateLimitUnit_DAY:    24 * time.Hour,
+	typev3.RateLimitUnit_MONTH:  30 * 24 * time.Hour,
+	typev3.RateLimitUnit_YEAR:   365 * 24 * time.Hour,
 }
 
 // override replaces what the policy matched for descriptor d (planned in p) with the
@@ -286,10 +288,8 @@ func override(p *engine.Plan, pol *policy.Policy, d *rlv3.RateLimitDescriptor) e
 			return fmt.Errorf("limit: %d × %v is longer than %v; send a shorter window", mult, o.GetUnit(), algo.MaxPeriod)
 		}
 		l = algo.Limit{Algorithm: algo.FixedWindow, Count: int64(o.GetRequestsPerUnit()), Period: time.Duration(mult) * u}
-	case o.GetUnit() == typev3.RateLimitUnit_MONTH && mult == 1:
-		l = algo.NewCalendarLimit(int64(o.GetRequestsPerUnit()), algo.CalendarMonth, time.UTC)
 	default:
-		return fmt.Errorf("limit.unit %v (× %d) is not supported; use SECOND, MINUTE, HOUR, DAY or one MONTH", o.GetUnit(), mult)
+		return fmt.Errorf("limit.unit %v is not a unit; use SECOND, MINUTE, HOUR, DAY, MONTH or YEAR", o.GetUnit())
 	}
 	if err := l.Validate(); err != nil {
 		return fmt.Errorf("limit: %w", err)

@@ -178,18 +178,18 @@ func TestHostileRequests(t *testing.T) {
 		req  *rlsv3.RateLimitRequest
 		want string
 	}{
-		"unknown domain":    {&rlsv3.RateLimitRequest{Domain: "nope", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "x")}}, "unknown domain"},
-		"no descriptors":    {&rlsv3.RateLimitRequest{Domain: "rl"}, "no descriptors"},
-		"too many":          {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: many}, "at most 64"},
-		"huge value":        {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", strings.Repeat("v", 5000))}}, "longer than 1024 bytes"},
-		"huge hits":         {&rlsv3.RateLimitRequest{Domain: "rl", HitsAddend: 1 << 31, Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "x")}}, "cost must be from 0 to"},
-		"override of 0":     {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(0, typev3.RateLimitUnit_SECOND, nil)}}, "limit.requests_per_unit is 0"},
-		"override per year": {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_YEAR, nil)}}, "limit.unit YEAR"},
-		"override no unit":  {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_UNKNOWN, nil)}}, "limit.unit UNKNOWN"},
-		"override too long": {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_DAY, wrapperspb.UInt32(1<<32-1))}}, "send a shorter window"},
-		"override mult 0":   {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_DAY, wrapperspb.UInt32(0))}}, "limit.unit_multiplier is 0"},
-		"costs that differ": {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{perCost, descriptor("key1", "y")}}, "descriptors[1]: a cost (hits_addend) of 1 where descriptors[0] has 7"},
-		"repeated key":      {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "a", "key1", "b")}}, "appears twice"},
+		"unknown domain":      {&rlsv3.RateLimitRequest{Domain: "nope", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "x")}}, "unknown domain"},
+		"no descriptors":      {&rlsv3.RateLimitRequest{Domain: "rl"}, "no descriptors"},
+		"too many":            {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: many}, "at most 64"},
+		"huge value":          {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", strings.Repeat("v", 5000))}}, "longer than 1024 bytes"},
+		"huge hits":           {&rlsv3.RateLimitRequest{Domain: "rl", HitsAddend: 1 << 31, Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "x")}}, "cost must be from 0 to"},
+		"override of 0":       {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(0, typev3.RateLimitUnit_SECOND, nil)}}, "limit.requests_per_unit is 0"},
+		"override of 2 years": {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_YEAR, wrapperspb.UInt32(2))}}, "send a shorter window"},
+		"override no unit":    {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_UNKNOWN, nil)}}, "limit.unit UNKNOWN"},
+		"override too long":   {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_DAY, wrapperspb.UInt32(1<<32-1))}}, "send a shorter window"},
+		"override mult 0":     {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_DAY, wrapperspb.UInt32(0))}}, "limit.unit_multiplier is 0"},
+		"costs that differ":   {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{perCost, descriptor("key1", "y")}}, "descriptors[1]: a cost (hits_addend) of 1 where descriptors[0] has 7"},
+		"repeated key":        {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "a", "key1", "b")}}, "appears twice"},
 	} {
 		_, err := c.ShouldRateLimit(context.Background(), tc.req)
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
