@@ -5,6 +5,7 @@
 package reload
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -72,13 +73,21 @@ type Parameter struct {
 	Client SSMGetter
 	// ParamName is the parameter's name or ARN.
 	ParamName string
+	// Timeout bounds one read (default DefaultParameterTimeout): a Lambda reads
+	// before a request, which must not wait on SSM for long.
+	Timeout time.Duration
 }
+
+// DefaultParameterTimeout is Parameter.Timeout's default.
+const DefaultParameterTimeout = 2 * time.Second
 
 // Name returns "ssm:" and the parameter's name.
 func (p Parameter) Name() string { return "ssm:" + p.ParamName }
 
 // Read returns the parameter's value.
 func (p Parameter) Read(ctx context.Context) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(p.Timeout, DefaultParameterTimeout))
+	defer cancel()
 	out, err := p.Client.GetParameter(ctx, &ssm.GetParameterInput{Name: aws.String(p.ParamName), WithDecryption: aws.Bool(true)})
 	if err != nil {
 		return nil, err
@@ -118,6 +127,7 @@ type Reloader struct {
 	cfg     Config
 	mu      sync.Mutex
 	sum     string    // SHA-256 of the running document
+	refused string    // SHA-256 of the document last refused as invalid
 	checked time.Time // when the source was last read
 }
 
@@ -172,17 +182,20 @@ func (r *Reloader) reload(ctx context.Context) (string, error) {
 		return Failed, fmt.Errorf("reading %s: %w", r.cfg.Source.Name(), err)
 	}
 	sum := digest(doc)
-	if sum == r.sum {
+	if sum == r.sum || sum == r.refused {
+		// An invalid document is refused (logged and counted) once, not at every poll
+		// until it is fixed.
 		return Unchanged, nil
 	}
 	p, err := parse(r.cfg.Source.Name(), doc)
+	if err == nil {
+		err = r.cfg.Apply(p)
+	}
 	if err != nil {
+		r.refused = sum
 		return Invalid, err
 	}
-	if err := r.cfg.Apply(p); err != nil {
-		return Invalid, err
-	}
-	r.sum = sum
+	r.sum, r.refused = sum, ""
 	if r.cfg.Running != nil {
 		r.cfg.Running(sum)
 	}

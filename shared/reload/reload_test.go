@@ -88,6 +88,7 @@ func TestFileReload(t *testing.T) {
 		{"unchanged", func() {}, reload.Unchanged, 0, ""},
 		{"valid change", func() { write(policyB) }, reload.Applied, 1, ""},
 		{"invalid", func() { write(badDoc) }, reload.Invalid, 1, `rules[0].limits[0].rate: "10/x": unknown unit "x"`},
+		{"the same invalid document, refused once", func() {}, reload.Unchanged, 1, ""},
 		{"missing", func() { os.Remove(path) }, reload.Failed, 1, "no such file"},
 		{"back to the first", func() { write(policyA) }, reload.Applied, 2, ""},
 	}
@@ -110,7 +111,7 @@ func TestFileReload(t *testing.T) {
 	if r.SHA256() != first {
 		t.Errorf("SHA256 after returning to the first document = %s, want %s", r.SHA256(), first)
 	}
-	want := []string{reload.Unchanged, reload.Applied, reload.Invalid, reload.Failed, reload.Applied}
+	want := []string{reload.Unchanged, reload.Applied, reload.Invalid, reload.Unchanged, reload.Failed, reload.Applied}
 	if strings.Join(a.results, ",") != strings.Join(want, ",") {
 		t.Errorf("results reported = %v, want %v", a.results, want)
 	}
