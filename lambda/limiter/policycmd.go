@@ -130,6 +130,8 @@ func explain(ctx context.Context, args []string, out io.Writer) error {
 	if pl := p.Plans; pl != nil {
 		if plan := plan.Attributes[pl.Attribute]; plan != "" {
 			fmt.Fprintf(out, "%s: %s (from the policy's plans, by %s)\n", pl.Attribute, plan, pl.From)
+		} else if _, ok := plan.Attributes[pl.From]; !ok {
+			fmt.Fprintf(out, "no %s: the request has no %s to look up\n", pl.Attribute, pl.From)
 		} else {
 			fmt.Fprintf(out, "no %s: %s is not in the policy's plans, which set no default\n", pl.Attribute, pl.From)
 		}

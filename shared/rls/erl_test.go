@@ -78,7 +78,8 @@ func wantStatus(t *testing.T, what string, st *rlsv3.RateLimitResponse_Descripto
 //   - two descriptors in one request: once one is over its limit, the other is not
 //     charged (ERL's StopCacheKeyIncrementWhenOverlimit gives the same numbers);
 //   - an answer from the deny cache carries the denying descriptor's limit only;
-//   - a wildcard value without share_threshold (per-value counts) is refused at load.
+//   - none other: a wildcard value without share_threshold counts each value apart,
+//     as in ERL.
 func TestERLIntegrationScenarios(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
