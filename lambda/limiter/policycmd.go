@@ -128,8 +128,8 @@ func explain(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprintln(out)
 	}
 	if pl := p.Plans; pl != nil {
-		if plan := plan.Attributes[pl.Attribute]; plan != "" {
-			fmt.Fprintf(out, "%s: %s (from the policy's plans, by %s)\n", pl.Attribute, plan, pl.From)
+		if name := plan.Attributes[pl.Attribute]; name != "" {
+			fmt.Fprintf(out, "%s: %s (from the policy's plans, by %s)\n", pl.Attribute, name, pl.From)
 		} else if _, ok := plan.Attributes[pl.From]; !ok {
 			fmt.Fprintf(out, "no %s: the request has no %s to look up\n", pl.Attribute, pl.From)
 		} else {
