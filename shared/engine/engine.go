@@ -99,6 +99,10 @@ type Verdict struct {
 	Delay time.Duration
 	// Limits holds every matched limit's decision, shadow ones included.
 	Limits []LimitResult
+	// NowMicros is the time the verdict was decided at, Unix µs: the store's clock,
+	// or this process's when a lease or the deny cache answered (0 in a failure
+	// mode that decided nothing).
+	NowMicros int64
 
 	deciding int // the index in Limits of the deciding limit
 }
@@ -171,6 +175,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Hooks receive metrics events.
 	Hooks Hooks
+	// Refunder gives back the unused units of leases (see Lease in lease.go).
+	// Default: Store, if it is a Refunder, or the in-process store when Store is
+	// nil. Without one, unused units stay charged until their window ends or their
+	// bucket refills.
+	Refunder Refunder
 }
 
 // Engine decides requests. It is safe for simultaneous use.
@@ -180,9 +189,10 @@ type Engine struct {
 	local   *memstore.Store
 	nodes   NodeStore        // the store, when it keeps a breaker per node
 	breaker *breaker.Breaker // in front of a store that is not a NodeStore
-	clock   func() time.Time
-	log     *slog.Logger
-	hooks   Hooks
+	clock    func() time.Time
+	log      *slog.Logger
+	hooks    Hooks
+	refunder Refunder // nil: leases give nothing back
 }
 
 // current is the policy an engine decides with and what is derived from it. SetPolicy
@@ -190,12 +200,24 @@ type Engine struct {
 type current struct {
 	pol  *policy.Policy
 	deny *denyCache // nil when the policy disables it
+	// leases holds the leases of the policy's leased limits; nil when none leases.
+	leases *leaseTable
+	// known is what is known locally of denied keys: the deny cache or, when the
+	// policy disables it and some limit leases, one that only leases consult.
+	known *denyCache
 }
 
 func newCurrent(p *policy.Policy) *current {
 	c := &current{pol: p}
 	if p.DenyCache.Enabled {
 		c.deny = newDenyCache(p.DenyCache.MaxEntries)
+	}
+	c.known = c.deny
+	if p.Leasing() {
+		c.leases = newLeaseTable()
+		if c.known == nil {
+			c.known = newDenyCache(maxLeases)
+		}
 	}
 	return c
 }
@@ -206,10 +228,11 @@ func New(cfg Config) (*Engine, error) {
 		return nil, errors.New("engine: nil policy")
 	}
 	e := &Engine{
-		store: cfg.Store,
-		clock: cfg.Clock,
-		log:   cfg.Logger,
-		hooks: cfg.Hooks,
+		store:    cfg.Store,
+		clock:    cfg.Clock,
+		log:      cfg.Logger,
+		hooks:    cfg.Hooks,
+		refunder: cfg.Refunder,
 	}
 	if e.clock == nil {
 		e.clock = time.Now
@@ -218,6 +241,12 @@ func New(cfg Config) (*Engine, error) {
 		e.log = slog.Default()
 	}
 	e.local = memstore.New(max(cfg.Policy.DenyCache.MaxEntries, memstore.DefaultMaxKeys), e.clock)
+	if r, ok := cfg.Store.(Refunder); ok && e.refunder == nil {
+		e.refunder = r
+	}
+	if cfg.Store == nil && e.refunder == nil {
+		e.refunder = e.local
+	}
 	e.cur.Store(newCurrent(cfg.Policy))
 	st := e.breakerSettings(cfg.Policy.Failure.Breaker)
 	switch s := cfg.Store.(type) {
@@ -268,6 +297,10 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 		return errors.New("engine: nil policy")
 	}
 	old := e.cur.Swap(newCurrent(p))
+	if old.leases != nil {
+		// The old policy's leases serve no more requests: give back their units.
+		go e.returnLeases(context.Background(), old, true)
+	}
 	if old.pol.Failure.Breaker != p.Failure.Breaker && e.nodes != nil {
 		e.nodes.UseBreakers(e.breakerSettings(p.Failure.Breaker))
 	}
@@ -340,7 +373,8 @@ type Plan struct {
 	// client (see identity.Address).
 	AddressFellBack bool
 
-	cur *current // the policy the plan was made with
+	cur    *current       // the policy the plan was made with
+	leases []policy.Lease // per meter, its lease; nil when the policy leases nothing
 }
 
 // Join returns one plan that decides ps together, all-or-nothing, with each store key
@@ -364,9 +398,16 @@ func Join(ps []Plan) (Plan, [][]int) {
 				j.Check.Keys = append(j.Check.Keys, k)
 				j.Check.Meters = append(j.Check.Meters, p.Check.Meters[i])
 				j.Rules = append(j.Rules, p.Rules[i])
+				if p.leases != nil {
+					j.leases = append(j.leases, make([]policy.Lease, n+1-len(j.leases))...)
+					j.leases[n] = p.leases[i]
+				}
 			}
 			idx[pi] = append(idx[pi], n)
 		}
+	}
+	if j.leases != nil {
+		j.leases = append(j.leases, make([]policy.Lease, len(j.Check.Keys)-len(j.leases))...)
 	}
 	return j, idx
 }
@@ -429,6 +470,9 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 			p.Check.Keys = append(p.Check.Keys, mt.Keys[i])
 			p.Check.Meters = append(p.Check.Meters, mr)
 			p.Rules = append(p.Rules, mt.Rule)
+			if cur.leases != nil {
+				p.leases = append(p.leases, mt.Rule.MeterLease(i))
+			}
 		}
 	}
 	return p, nil
@@ -466,6 +510,11 @@ func (e *Engine) decide(ctx context.Context, p Plan, start time.Time) Verdict {
 	now := start.UnixMicro()
 	if v, ok := e.fromDenyCache(p, now); ok {
 		return v
+	}
+	if p.leases != nil && p.Check.Cost > 0 {
+		if v, ok := e.decideLeased(ctx, p, now); ok {
+			return v
+		}
 	}
 	out, err := e.decideInStore(ctx, p.cur.pol, p.Check)
 	if err != nil {
@@ -558,6 +607,7 @@ func (e *Engine) verdict(p Plan, out algo.Outcome) Verdict {
 	if at == 0 {
 		at = e.clock().UnixMicro()
 	}
+	v.NowMicros = at
 	for i, ds := range out.Decisions {
 		mt := p.Check.Meters[i]
 		for j, d := range ds {
