@@ -118,9 +118,9 @@ func (e *Engine) fromDenyCache(p Plan, now int64) (Verdict, bool) {
 			Reason:    ReasonOverLimit,
 			Cached:    true,
 			NowMicros: now,
-			Rule:     den.rule,
-			Decision: d,
-			Limits:   []LimitResult{{Rule: den.rule, Algorithm: den.spec.Algorithm, Quota: den.quota, Spec: den.spec, Decision: d}},
+			Rule:      den.rule,
+			Decision:  d,
+			Limits:    []LimitResult{{Rule: den.rule, Algorithm: den.spec.Algorithm, Quota: den.quota, Spec: den.spec, Decision: d}},
 		}, true
 	}
 	return Verdict{}, false

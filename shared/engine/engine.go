@@ -184,11 +184,11 @@ type Config struct {
 
 // Engine decides requests. It is safe for simultaneous use.
 type Engine struct {
-	cur     atomic.Pointer[current]
-	store   Store
-	local   *memstore.Store
-	nodes   NodeStore        // the store, when it keeps a breaker per node
-	breaker *breaker.Breaker // in front of a store that is not a NodeStore
+	cur      atomic.Pointer[current]
+	store    Store
+	local    *memstore.Store
+	nodes    NodeStore        // the store, when it keeps a breaker per node
+	breaker  *breaker.Breaker // in front of a store that is not a NodeStore
 	clock    func() time.Time
 	log      *slog.Logger
 	hooks    Hooks
