@@ -242,7 +242,7 @@ func TestLeaseWindows(t *testing.T) {
 		},
 		{
 			name:  "a lease ends with its window",
-			limit: "{algorithm: fixed_window, rate: 100/s, lease: {units: 30, for: 1s}}",
+			limit: "{algorithm: fixed_window, rate: 100/s, lease: {units: 30, for: 10s}}",
 			steps: []struct {
 				wait time.Duration
 				each int
