@@ -2,7 +2,8 @@
 // decides every matched limit together in the store (Redis) within the policy's
 // timeout, and falls back to the policy's failure mode when the store fails, behind a
 // circuit breaker. Denied keys are remembered in process until they can be retried, so
-// a blocked client costs no store round trip.
+// a blocked client costs no store round trip. A limit the policy leases is served from
+// a slice of its quota reserved in the store (see lease.go).
 package engine
 
 import (
@@ -665,11 +666,19 @@ func (e *Engine) Keys(domain string, attrs map[string]string) ([]string, []algo.
 	return p.Check.Keys, p.Check.Meters, nil
 }
 
-// Forget drops keys from the deny cache and the in-process store (after an admin
-// reset).
+// Forget drops keys from the deny cache, the leases and the in-process store (after
+// an admin reset: a lease's units were charged to the state the reset deleted, so
+// they are not spent after it).
 func (e *Engine) Forget(keys []string) {
-	if deny := e.cur.Load().deny; deny != nil {
-		deny.forget(keys)
+	cur := e.cur.Load()
+	if cur.deny != nil {
+		cur.deny.forget(keys)
+	}
+	if cur.known != nil && cur.known != cur.deny {
+		cur.known.forget(keys)
+	}
+	if cur.leases != nil {
+		cur.leases.forget(keys)
 	}
 	e.local.Reset(keys...)
 }

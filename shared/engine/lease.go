@@ -123,6 +123,21 @@ func (t *leaseTable) leaseFor(p Plan, i int) *lease {
 	return l
 }
 
+// forget drops the leases of keys without giving anything back: their state in the
+// store is gone (an admin reset).
+func (t *leaseTable) forget(keys []string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, k := range keys {
+		if l, ok := t.byKey[k]; ok {
+			l.mu.Lock()
+			l.left, l.gone = 0, true
+			l.mu.Unlock()
+			delete(t.byKey, k)
+		}
+	}
+}
+
 // take spends cost units at now if the reservation holds them and may be spent.
 // The caller holds l.mu.
 func (l *lease) take(now, cost int64) (taken, bool) {
