@@ -222,7 +222,9 @@ func TestLeaseHotLimit(t *testing.T) {
 				if r.run.misplaced > 0 {
 					t.Errorf("%s: %d verdicts decided at a time outside their call", r.name, r.run.misplaced)
 				}
-				if sc.full && full == 0 {
+				// Only the leased phase must reach the limit: without leases, Redis's
+				// throughput on a loaded machine decides whether it does.
+				if sc.full && r.name == "with leases" && full == 0 {
 					t.Errorf("%s: no window reached the limit (at most %d of %d): the load did not test it", r.name, most, sc.count)
 				}
 				secs := r.run.took.Seconds()
