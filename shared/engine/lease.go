@@ -71,7 +71,7 @@ const maxLeases = 10000
 
 // leaseTable holds the leases of one policy, by store key.
 type leaseTable struct {
-	mu    sync.Mutex
+	mu    sync.RWMutex
 	byKey map[string]*lease
 }
 
@@ -81,7 +81,6 @@ func newLeaseTable() *leaseTable { return &leaseTable{byKey: map[string]*lease{}
 type lease struct {
 	key   string
 	meter algo.Meter
-	rule  *policy.Rule
 	terms policy.Lease
 
 	mu        sync.Mutex
@@ -110,6 +109,12 @@ func (t *leaseTable) leaseFor(p Plan, i int) *lease {
 		return nil
 	}
 	key := p.Check.Keys[i]
+	t.mu.RLock()
+	l, ok := t.byKey[key]
+	t.mu.RUnlock()
+	if ok {
+		return l
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if l, ok := t.byKey[key]; ok {
@@ -118,7 +123,7 @@ func (t *leaseTable) leaseFor(p Plan, i int) *lease {
 	if len(t.byKey) >= maxLeases {
 		return nil
 	}
-	l := &lease{key: key, meter: p.Check.Meters[i], rule: p.Rules[i], terms: terms}
+	l = &lease{key: key, meter: p.Check.Meters[i], terms: terms}
 	t.byKey[key] = l
 	return l
 }
