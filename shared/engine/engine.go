@@ -512,7 +512,7 @@ func (e *Engine) decide(ctx context.Context, p Plan, start time.Time) Verdict {
 	if v, ok := e.fromDenyCache(p, now); ok {
 		return v
 	}
-	if p.leases != nil && p.Check.Cost > 0 {
+	if p.Check.Cost > 0 && p.leased() {
 		if v, ok := e.decideLeased(ctx, p, now); ok {
 			return v
 		}

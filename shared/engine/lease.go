@@ -341,6 +341,16 @@ func (e *Engine) decideLeased(ctx context.Context, p Plan, now int64) (Verdict, 
 	return e.verdict(p, out), true
 }
 
+// leased reports whether some meter of p leases.
+func (p Plan) leased() bool {
+	for _, ls := range p.leases {
+		if ls.Units > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // subPlan returns the plan of p's meters at idx.
 func (p Plan) subPlan(idx []int) Plan {
 	sub := p
