@@ -43,30 +43,6 @@ rules:
 	return path
 }
 
-// scriptCalls returns the EVALSHA and EVAL calls Redis has counted: the round trips
-// of decisions, reservations and refunds (the commands scripts run are no round
-// trips).
-func scriptCalls(t *testing.T, c *redis.Client) int64 {
-	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, _ := strings.Cut(strings.TrimSpace(line), ":")
-		if name == "cmdstat_evalsha" || name == "cmdstat_eval" {
-			calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
-			v, err := strconv.ParseInt(calls, 10, 64)
-			if err != nil {
-				t.Fatalf("commandstats line %q: %v", line, err)
-			}
-			n += v
-		}
-	}
-	return n
-}
-
 // servicePhase is what one phase of TestLeaseTwoServices measured.
 type servicePhase struct {
 	decisions, admitted, calls int64
@@ -75,18 +51,18 @@ type servicePhase struct {
 	took                       time.Duration
 }
 
-// runServices starts two limiter binaries on the Redis at addr with the policy at
+// runServices starts two limiter binaries on the Redis srv with the policy at
 // path, drives them in closed loop over HTTP, stops them (SIGTERM: a service gives
 // back what its leases hold), and reads the window's count in Redis.
-func runServices(t *testing.T, addr, path, rule string, rdb *redis.Client) servicePhase {
+func runServices(t *testing.T, srv *redistest.Server, path, rule string, rdb *redis.Client) servicePhase {
 	t.Helper()
 	var procs []*process
 	for range 2 {
-		procs = append(procs, startLimiterEnv(t, []string{"REDIS_URL=redis://" + addr}, "--policy", path))
+		procs = append(procs, startLimiterEnv(t, []string{"REDIS_URL=redis://" + srv.Addr}, "--policy", path))
 	}
 	var ph servicePhase
 	var mu sync.Mutex
-	before := scriptCalls(t, rdb)
+	before := srv.ScriptCalls(t)
 	start := time.Now()
 	var wg sync.WaitGroup
 	for _, p := range procs {
@@ -142,7 +118,7 @@ func runServices(t *testing.T, addr, path, rule string, rdb *redis.Client) servi
 			t.Fatalf("limiter did not stop within 30s: %s", p.logText())
 		}
 	}
-	ph.calls = scriptCalls(t, rdb) - before
+	ph.calls = srv.ScriptCalls(t) - before
 	keys, err := rdb.Keys(context.Background(), "tg:{"+rule+":}*").Result()
 	if err != nil {
 		t.Fatal(err)
@@ -188,8 +164,8 @@ func TestLeaseTwoServices(t *testing.T) {
 		{"under", 100 * serviceLimit},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
-			plain := runServices(t, srv.Addr, servicePolicy(t, sc.name+"-plain", sc.limit, ""), sc.name+"-plain", rdb)
-			leased := runServices(t, srv.Addr, servicePolicy(t, sc.name+"-leased", sc.limit, ", lease: {units: 50, for: 100ms}"), sc.name+"-leased", rdb)
+			plain := runServices(t, srv, servicePolicy(t, sc.name+"-plain", sc.limit, ""), sc.name+"-plain", rdb)
+			leased := runServices(t, srv, servicePolicy(t, sc.name+"-leased", sc.limit, ", lease: {units: 50, for: 100ms}"), sc.name+"-leased", rdb)
 			for _, r := range []struct {
 				name string
 				ph   servicePhase

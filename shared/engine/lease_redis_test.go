@@ -3,12 +3,9 @@ package engine_test
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/policy"
@@ -36,31 +33,6 @@ rules:
 `
 }
 
-// commandCalls returns the script calls (EVALSHA and EVAL) INFO commandstats has
-// counted since the server started: the round trips of decisions and refunds.
-// (commandstats also counts the commands a script runs, which are no round trips.)
-func commandCalls(t *testing.T, c *redis.Client) int64 {
-	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatalf("INFO commandstats: %v", err)
-	}
-	var n int64
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || name != "cmdstat_evalsha" && name != "cmdstat_eval" {
-			continue
-		}
-		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
-		v, err := strconv.ParseInt(calls, 10, 64)
-		if err != nil {
-			t.Fatalf("commandstats line %q: %v", line, err)
-		}
-		n += v
-	}
-	return n
-}
-
 // hotRun is what one phase of TestLeaseHotLimit measured.
 type hotRun struct {
 	decisions, admitted, calls int64
@@ -75,7 +47,7 @@ type hotRun struct {
 // counts admissions per window by the time each verdict was decided at, and the
 // Redis calls of the phase. batched puts the decision service's batcher in front of
 // each store.
-func runHot(t *testing.T, addr, doc string, batched bool) hotRun {
+func runHot(t *testing.T, srv *redistest.Server, doc string, batched bool) hotRun {
 	t.Helper()
 	p, err := policy.Parse([]byte(doc))
 	if err != nil {
@@ -83,7 +55,7 @@ func runHot(t *testing.T, addr, doc string, batched bool) hotRun {
 	}
 	var engs []*engine.Engine
 	for range 2 {
-		st, err := redisstore.Open(redisstore.Config{URL: "redis://" + addr, Timeout: 2 * time.Second})
+		st, err := redisstore.Open(redisstore.Config{URL: "redis://" + srv.Addr, Timeout: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,12 +79,10 @@ func runHot(t *testing.T, addr, doc string, batched bool) hotRun {
 		}
 		engs = append(engs, eng)
 	}
-	info := redis.NewClient(&redis.Options{Addr: addr})
-	defer info.Close()
 	ctx := context.Background()
 	run := hotRun{perWindow: map[int64]int64{}}
 	var mu sync.Mutex
-	before := commandCalls(t, info)
+	before := srv.ScriptCalls(t)
 	start := time.Now()
 	stop := make(chan struct{})
 	var sweepers sync.WaitGroup
@@ -182,7 +152,7 @@ func runHot(t *testing.T, addr, doc string, batched bool) hotRun {
 	for _, e := range engs {
 		e.EndLeases(ctx)
 	}
-	run.calls = commandCalls(t, info) - before
+	run.calls = srv.ScriptCalls(t) - before
 	return run
 }
 
@@ -215,8 +185,8 @@ func TestLeaseHotLimit(t *testing.T) {
 		{"under the limit, batched", 1_000_000_000, false, true},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
-			plain := runHot(t, srv.Addr, hotPolicy(sc.count, ""), sc.batched)
-			leased := runHot(t, srv.Addr, hotPolicy(sc.count, ", lease: {units: 50, for: 100ms}"), sc.batched)
+			plain := runHot(t, srv, hotPolicy(sc.count, ""), sc.batched)
+			leased := runHot(t, srv, hotPolicy(sc.count, ", lease: {units: 50, for: 100ms}"), sc.batched)
 			for _, r := range []struct {
 				name string
 				run  hotRun
