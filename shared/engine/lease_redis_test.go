@@ -231,3 +231,81 @@ func TestLeaseHotLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseMixedOnRedis decides, on a real redis-server from two instances,
+// requests that reach a leased global limit and a per-user limit of 3 an hour: the
+// per-user denials take nothing from the leases, so once the leases have ended
+// Redis's global count is exactly the admissions (the units of every denial went
+// back to its lease, and the unused ones back to Redis with the refund script).
+func TestLeaseMixedOnRedis(t *testing.T) {
+	srv := redistest.StartServer(t)
+	p, err := policy.Parse([]byte(`domain: d
+failure: {mode: closed, timeout: 2s}
+rules:
+  - name: global
+    limits: [{algorithm: fixed_window, rate: 1000/h, lease: {units: 20, for: 10s}}]
+  - name: per-user
+    match: {user: "*"}
+    limits: [{algorithm: fixed_window, rate: 3/h}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var engs []*engine.Engine
+	for range 2 {
+		st, err := redisstore.Open(redisstore.Config{URL: "redis://" + srv.Addr, Timeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		rf, err := redisrefund.New(st.Client())
+		if err != nil {
+			t.Fatal(err)
+		}
+		eng, err := engine.New(engine.Config{Policy: p, Store: st, Refunder: rf})
+		if err != nil {
+			t.Fatal(err)
+		}
+		engs = append(engs, eng)
+	}
+	ctx := context.Background()
+	admitted := 0
+	for i := range 200 {
+		user := strconv.Itoa(i % 20)
+		v, err := engs[i%2].Check(ctx, engine.Request{Domain: "d", Attributes: map[string]string{"user": user}, Cost: 1})
+		if err != nil || v.Degraded {
+			t.Fatalf("Check(user %s) = %+v, %v; want a decision of the store", user, v, err)
+		}
+		if v.Allowed {
+			admitted++
+		} else if v.Rule != "per-user" {
+			t.Fatalf("Check(user %s) denied by %q, want per-user", user, v.Rule)
+		}
+	}
+	if admitted != 60 {
+		t.Errorf("admitted %d, want 20 users × 3", admitted)
+	}
+	for _, e := range engs {
+		e.EndLeases(ctx)
+	}
+	keys, _, err := engs[0].Keys("d", nil)
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("Keys = %v, %v; want the global key", keys, err)
+	}
+	rdb := srv.Client(t)
+	windows, err := rdb.Keys(ctx, keys[0]+":*").Result() // one, or two across an hour's end
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := 0
+	for _, w := range windows {
+		n, err := rdb.Get(ctx, w).Int()
+		if err != nil {
+			t.Fatalf("GET %s: %v", w, err)
+		}
+		count += n
+	}
+	if count != admitted {
+		t.Errorf("Redis's global count after the leases ended = %d, want the %d admitted", count, admitted)
+	}
+}
