@@ -861,14 +861,7 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 			ok = ok && lok
 			r.Limits = append(r.Limits, l)
 			r.Records = append(r.Records, rec)
-			// lease: decoded beside the limit (decoder.lease); Leases stays nil
-			// unless some limit of the rule leases.
-			if ls := d.lease(ln, lp, l, rec, r.Shadow); ls != (Lease{}) && r.Leases == nil {
-				r.Leases = make([]Lease, j, len(v.Content))
-				r.Leases = append(r.Leases, ls)
-			} else if r.Leases != nil {
-				r.Leases = append(r.Leases, ls)
-			}
+			r.addLease(j, d.lease(ln, lp, l, rec, r.Shadow)) // lease: see decoder.lease
 			limitNodes = append(limitNodes, d.node(ln))
 			if d.over {
 				return r, nameNode
@@ -1302,6 +1295,8 @@ func distance(a, b string) int {
 	}
 	return row[len(b)]
 }
+
+// lease: the decoding of a limit's lease field (see Lease).
 
 // lease decodes the lease field of the limit mapping n at path, for the limit l as
 // decoded (recording record, in a rule that is shadow or not), and returns it, or

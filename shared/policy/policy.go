@@ -254,6 +254,18 @@ func (ls Lease) Problems(l algo.Limit, record string, shadow bool) [][2]string {
 	return out
 }
 
+// addLease appends the lease of the rule's limit j (decoded in order), keeping
+// Leases nil until some limit leases.
+func (r *Rule) addLease(j int, ls Lease) {
+	if r.Leases == nil && ls == (Lease{}) {
+		return
+	}
+	if r.Leases == nil {
+		r.Leases = make([]Lease, j)
+	}
+	r.Leases = append(r.Leases, ls)
+}
+
 // MeterLease returns the lease of the rule's meter i (an index into Meters), or the
 // zero Lease.
 func (r *Rule) MeterLease(i int) Lease {
