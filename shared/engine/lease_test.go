@@ -375,3 +375,30 @@ func TestLeaseForget(t *testing.T) {
 		t.Errorf("admitted %d after the reset, want the limit, 10", admitted)
 	}
 }
+
+// TestLeaseSetPolicy replaces the policy of an instance holding a lease: the old
+// policy's lease is given back (in the background: SetPolicy does no I/O itself),
+// and the new policy's requests reserve anew.
+func TestLeaseSetPolicy(t *testing.T) {
+	doc := leaseDoc("{algorithm: fixed_window, rate: 100/s, lease: {units: 30, for: 10s}}")
+	r := newLeaseRig(t, doc, 1)
+	for range 5 {
+		r.check(0, nil)
+	}
+	p, err := policy.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.engs[0].SetPolicy(p); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; r.used(nil) != 5; i++ {
+		if i == 5000 { // the give-back runs in a goroutine of its own
+			t.Fatalf("units charged after the policy changed = %v, want the 5 admitted", r.used(nil))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if v := r.check(0, nil); !v.Allowed || r.used(nil) != 35 {
+		t.Errorf("the new policy's first request: allowed %v, %v charged; want allowed and a new reservation of 30", v.Allowed, r.used(nil))
+	}
+}
