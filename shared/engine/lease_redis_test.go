@@ -33,26 +33,12 @@ rules:
 `
 }
 
-// hotRun is what one phase of TestLeaseHotLimit measured.
-type hotRun struct {
-	decisions, admitted, calls int64
-	took                       time.Duration
-	perWindow                  map[int64]int64 // admissions per window index
-	misplaced                  int64           // verdicts whose time was outside their call
-}
-
-// runHot drives two instances (engines with their own Redis store, client and
-// connections, as two decision-service processes have) on the Redis at addr with
-// the policy doc, in closed loop from hotConc goroutines each, for hotLoad, and
-// counts admissions per window by the time each verdict was decided at, and the
-// Redis calls of the phase. batched puts the decision service's batcher in front of
-// each store.
-func runHot(t *testing.T, srv *redistest.Server, doc string, batched bool) hotRun {
+// redisInstances returns two engines for p on the Redis srv, each with its own
+// store, client and connections (as two decision-service processes have) and the
+// refund script's refunder; batched puts the decision service's batcher in front
+// of each store.
+func redisInstances(t *testing.T, srv *redistest.Server, p *policy.Policy, batched bool) []*engine.Engine {
 	t.Helper()
-	p, err := policy.Parse([]byte(doc))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var engs []*engine.Engine
 	for range 2 {
 		st, err := redisstore.Open(redisstore.Config{URL: "redis://" + srv.Addr, Timeout: 2 * time.Second})
@@ -79,6 +65,27 @@ func runHot(t *testing.T, srv *redistest.Server, doc string, batched bool) hotRu
 		}
 		engs = append(engs, eng)
 	}
+	return engs
+}
+
+// hotRun is what one phase of TestLeaseHotLimit measured.
+type hotRun struct {
+	decisions, admitted, calls int64
+	took                       time.Duration
+	perWindow                  map[int64]int64 // admissions per window index
+	misplaced                  int64           // verdicts whose time was outside their call
+}
+
+// runHot drives two instances (redisInstances) on the Redis srv with the policy doc, in closed loop from hotConc goroutines each, for hotLoad, and
+// counts admissions per window by the time each verdict was decided at, and the
+// Redis calls of the phase.
+func runHot(t *testing.T, srv *redistest.Server, doc string, batched bool) hotRun {
+	t.Helper()
+	p, err := policy.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	engs := redisInstances(t, srv, p, batched)
 	ctx := context.Background()
 	run := hotRun{perWindow: map[int64]int64{}}
 	var mu sync.Mutex
@@ -239,35 +246,11 @@ func TestLeaseHotLimit(t *testing.T) {
 // back to its lease, and the unused ones back to Redis with the refund script).
 func TestLeaseMixedOnRedis(t *testing.T) {
 	srv := redistest.StartServer(t)
-	p, err := policy.Parse([]byte(`domain: d
-failure: {mode: closed, timeout: 2s}
-rules:
-  - name: global
-    limits: [{algorithm: fixed_window, rate: 1000/h, lease: {units: 20, for: 10s}}]
-  - name: per-user
-    match: {user: "*"}
-    limits: [{algorithm: fixed_window, rate: 3/h}]
-`))
+	p, err := policy.Parse([]byte(mixedPolicy("1000/h, lease: {units: 20, for: 10s}", "3/h")))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var engs []*engine.Engine
-	for range 2 {
-		st, err := redisstore.Open(redisstore.Config{URL: "redis://" + srv.Addr, Timeout: 2 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		rf, err := redisrefund.New(st.Client())
-		if err != nil {
-			t.Fatal(err)
-		}
-		eng, err := engine.New(engine.Config{Policy: p, Store: st, Refunder: rf})
-		if err != nil {
-			t.Fatal(err)
-		}
-		engs = append(engs, eng)
-	}
+	engs := redisInstances(t, srv, p, false)
 	ctx := context.Background()
 	admitted := 0
 	for i := range 200 {

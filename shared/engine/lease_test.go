@@ -154,18 +154,25 @@ func TestLeaseServesFromReservation(t *testing.T) {
 	}
 }
 
-// TestLeaseAllOrNothing decides requests that reach a leased global limit and a
-// per-client limit: a request the per-client limit denies takes nothing from the
-// lease, so what the store keeps after the lease ends is exactly what was admitted.
-func TestLeaseAllOrNothing(t *testing.T) {
-	doc := `domain: d
+// mixedPolicy is a policy of a global fixed_window limit (global: its rate and
+// lease) and a per-user one (perUser: its rate), decided together.
+func mixedPolicy(global, perUser string) string {
+	return `domain: d
+failure: {mode: closed, timeout: 2s}
 rules:
   - name: global
-    limits: [{algorithm: fixed_window, rate: 1000/s, lease: {units: 50, for: 1s}}]
-  - name: per-client
+    limits: [{algorithm: fixed_window, rate: ` + global + `}]
+  - name: per-user
     match: {user: "*"}
-    limits: [{algorithm: fixed_window, rate: 2/s}]
+    limits: [{algorithm: fixed_window, rate: ` + perUser + `}]
 `
+}
+
+// TestLeaseAllOrNothing decides requests that reach a leased global limit and a
+// per-user limit: a request the per-user limit denies takes nothing from the
+// lease, so what the store keeps after the lease ends is exactly what was admitted.
+func TestLeaseAllOrNothing(t *testing.T) {
+	doc := mixedPolicy("1000/s, lease: {units: 50, for: 1s}", "2/s")
 	for _, tc := range []struct {
 		name     string
 		users    []string
@@ -182,8 +189,8 @@ rules:
 				v := r.check(0, map[string]string{"user": u})
 				if v.Allowed {
 					admitted++
-				} else if v.Rule != "per-client" {
-					t.Fatalf("Check(user %s) = %+v, want denied by per-client", u, v)
+				} else if v.Rule != "per-user" {
+					t.Fatalf("Check(user %s) = %+v, want denied by per-user", u, v)
 				}
 			}
 			if admitted != tc.admitted {
