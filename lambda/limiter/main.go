@@ -32,6 +32,7 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/erl"
 	"github.com/tollgate-dev/tollgate/shared/policy"
+	"github.com/tollgate-dev/tollgate/shared/redisrefund"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/reload"
 	"github.com/tollgate-dev/tollgate/shared/rls"
@@ -266,6 +267,7 @@ type service struct {
 	store   *redisstore.Store
 	mini    *miniredis.Miniredis
 	eng     *engine.Engine
+	engines []*engine.Engine // eng and the engines of envoyproxy/ratelimit's domains
 	policy  *reload.Reloader
 	rls     *rls.Server
 }
@@ -333,6 +335,12 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 	}
 	// The engines of envoyproxy/ratelimit's domains come first, so that the store's
 	// circuit breakers take the policy's settings from the engine made last.
+	// Leased limits give back their unused units with the refund script.
+	refunder, err := redisrefund.New(store.Client())
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
 	var domains map[string]rls.Domain
 	if c.ERLConfig != "" {
 		if domains, err = erlEngines(c.ERLConfig, decider, metrics.Hooks(), log); err != nil {
@@ -340,10 +348,14 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 			return nil, err
 		}
 	}
-	s.eng, err = engine.New(engine.Config{Policy: p, Store: decider, Logger: log, Hooks: metrics.Hooks()})
+	s.eng, err = engine.New(engine.Config{Policy: p, Store: decider, Logger: log, Hooks: metrics.Hooks(), Refunder: refunder})
 	if err != nil {
 		s.Close()
 		return nil, err
+	}
+	s.engines = append(s.engines, s.eng)
+	for _, d := range domains {
+		s.engines = append(s.engines, d.Engine)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/", decision.NewHandler(s.eng, decision.Options{
@@ -453,6 +465,15 @@ func run(ctx context.Context, getenv func(string) string, args []string, log *sl
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	go s.policy.Watch(ctx, c.PolicyPoll, hup)
+	go returnLeases(ctx, s.engines, leaseSweep)
+	defer func() {
+		// Give back what the leases hold, so other instances can use it at once.
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		for _, e := range s.engines {
+			e.EndLeases(ectx)
+		}
+	}()
 	if c.GRPCListen != "" {
 		gln, err := net.Listen("tcp", c.GRPCListen)
 		if err != nil {
@@ -470,6 +491,27 @@ func run(ctx context.Context, getenv func(string) string, args []string, log *sl
 		log.Info("serving Envoy's RateLimitService", "addr", gln.Addr().String())
 	}
 	return serve(ctx, ln, s.handler, c.Server, log)
+}
+
+// leaseSweep is how often the service gives back the unused units of ended leases.
+const leaseSweep = 20 * time.Millisecond
+
+// returnLeases gives back, every period until ctx is done, the unused units of the
+// engines' ended leases (engine.ReturnLeases), so that an instance whose traffic
+// stopped does not hold them until its next request.
+func returnLeases(ctx context.Context, engines []*engine.Engine, period time.Duration) {
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			for _, e := range engines {
+				e.ReturnLeases(ctx)
+			}
+		}
+	}
 }
 
 // serve answers on ln within limits until ctx is done, then shuts down: it stops

@@ -104,8 +104,14 @@ type process struct {
 // default policy, and args, and waits for it to listen.
 func startLimiter(t *testing.T, args ...string) *process {
 	t.Helper()
+	return startLimiterEnv(t, nil, args...)
+}
+
+// startLimiterEnv is startLimiter with env (NAME=value) added to its environment.
+func startLimiterEnv(t *testing.T, env []string, args ...string) *process {
+	t.Helper()
 	cmd := exec.Command(limiterBinary(t), append([]string{"--listen", "127.0.0.1:0", "--policy", "../policy.yaml"}, args...)...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

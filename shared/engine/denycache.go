@@ -50,6 +50,20 @@ func (c *denyCache) get(key string, now int64) (denial, bool) {
 	return d, true
 }
 
+// denies returns the denial of key at now if a request of cost would meet it: the
+// deny cache's entries answer requests that cost at least as much as the one denied.
+// A nil cache knows nothing.
+func (c *denyCache) denies(key string, cost, now int64) (denial, bool) {
+	if c == nil {
+		return denial{}, false
+	}
+	d, ok := c.get(key, now)
+	if !ok || cost < d.cost {
+		return denial{}, false
+	}
+	return d, true
+}
+
 func (c *denyCache) put(key string, d denial, now int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -89,8 +103,8 @@ func (e *Engine) fromDenyCache(p Plan, now int64) (Verdict, bool) {
 		if p.Rules[i].Shadow {
 			continue
 		}
-		den, ok := deny.get(k, now)
-		if !ok || p.Check.Cost < den.cost {
+		den, ok := deny.denies(k, p.Check.Cost, now)
+		if !ok {
 			continue
 		}
 		d := den.d
@@ -101,11 +115,12 @@ func (e *Engine) fromDenyCache(p Plan, now int64) (Verdict, bool) {
 			e.hooks.DenyCacheHit()
 		}
 		return Verdict{
-			Reason:   ReasonOverLimit,
-			Cached:   true,
-			Rule:     den.rule,
-			Decision: d,
-			Limits:   []LimitResult{{Rule: den.rule, Algorithm: den.spec.Algorithm, Quota: den.quota, Spec: den.spec, Decision: d}},
+			Reason:    ReasonOverLimit,
+			Cached:    true,
+			NowMicros: now,
+			Rule:      den.rule,
+			Decision:  d,
+			Limits:    []LimitResult{{Rule: den.rule, Algorithm: den.spec.Algorithm, Quota: den.quota, Spec: den.spec, Decision: d}},
 		}, true
 	}
 	return Verdict{}, false
@@ -113,7 +128,12 @@ func (e *Engine) fromDenyCache(p Plan, now int64) (Verdict, bool) {
 
 // remember puts the keys that denied a request in the deny cache, until their retry.
 func (e *Engine) remember(p Plan, out algo.Outcome, now int64) {
-	deny := p.cur.deny
+	e.rememberIn(p.cur.deny, p, out, now)
+}
+
+// rememberIn puts the keys that denied a request in deny (if not nil), until their
+// retry.
+func (e *Engine) rememberIn(deny *denyCache, p Plan, out algo.Outcome, now int64) {
 	if deny == nil || out.Allowed {
 		return
 	}

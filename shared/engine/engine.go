@@ -2,7 +2,8 @@
 // decides every matched limit together in the store (Redis) within the policy's
 // timeout, and falls back to the policy's failure mode when the store fails, behind a
 // circuit breaker. Denied keys are remembered in process until they can be retried, so
-// a blocked client costs no store round trip.
+// a blocked client costs no store round trip. A limit the policy leases is served from
+// a slice of its quota reserved in the store (see lease.go).
 package engine
 
 import (
@@ -104,6 +105,10 @@ type Verdict struct {
 	Delay time.Duration
 	// Limits holds every matched limit's decision, shadow ones included.
 	Limits []LimitResult
+	// NowMicros is the time the verdict was decided at, Unix µs: the store's clock,
+	// or this process's when a lease or the deny cache answered (0 in a failure
+	// mode that decided nothing).
+	NowMicros int64
 
 	deciding int // the index in Limits of the deciding limit
 }
@@ -176,18 +181,24 @@ type Config struct {
 	Logger *slog.Logger
 	// Hooks receive metrics events.
 	Hooks Hooks
+	// Refunder gives back the unused units of leases (see Lease in lease.go).
+	// Default: Store, if it is a Refunder, or the in-process store when Store is
+	// nil. Without one, unused units stay charged until their window ends or their
+	// bucket refills.
+	Refunder Refunder
 }
 
 // Engine decides requests. It is safe for simultaneous use.
 type Engine struct {
-	cur     atomic.Pointer[current]
-	store   Store
-	local   *memstore.Store
-	nodes   NodeStore        // the store, when it keeps a breaker per node
-	breaker *breaker.Breaker // in front of a store that is not a NodeStore
-	clock   func() time.Time
-	log     *slog.Logger
-	hooks   Hooks
+	cur      atomic.Pointer[current]
+	store    Store
+	local    *memstore.Store
+	nodes    NodeStore        // the store, when it keeps a breaker per node
+	breaker  *breaker.Breaker // in front of a store that is not a NodeStore
+	clock    func() time.Time
+	log      *slog.Logger
+	hooks    Hooks
+	refunder Refunder // nil: leases give nothing back
 }
 
 // current is the policy an engine decides with and what is derived from it. SetPolicy
@@ -195,12 +206,24 @@ type Engine struct {
 type current struct {
 	pol  *policy.Policy
 	deny *denyCache // nil when the policy disables it
+	// leases holds the leases of the policy's leased limits; nil when none leases.
+	leases *leaseTable
+	// known is what is known locally of denied keys: the deny cache or, when the
+	// policy disables it and some limit leases, one that only leases consult.
+	known *denyCache
 }
 
 func newCurrent(p *policy.Policy) *current {
 	c := &current{pol: p}
 	if p.DenyCache.Enabled {
 		c.deny = newDenyCache(p.DenyCache.MaxEntries)
+	}
+	c.known = c.deny
+	if p.Leasing() {
+		c.leases = newLeaseTable()
+		if c.known == nil {
+			c.known = newDenyCache(maxLeases)
+		}
 	}
 	return c
 }
@@ -211,10 +234,11 @@ func New(cfg Config) (*Engine, error) {
 		return nil, errors.New("engine: nil policy")
 	}
 	e := &Engine{
-		store: cfg.Store,
-		clock: cfg.Clock,
-		log:   cfg.Logger,
-		hooks: cfg.Hooks,
+		store:    cfg.Store,
+		clock:    cfg.Clock,
+		log:      cfg.Logger,
+		hooks:    cfg.Hooks,
+		refunder: cfg.Refunder,
 	}
 	if e.clock == nil {
 		e.clock = time.Now
@@ -223,6 +247,12 @@ func New(cfg Config) (*Engine, error) {
 		e.log = slog.Default()
 	}
 	e.local = memstore.New(max(cfg.Policy.DenyCache.MaxEntries, memstore.DefaultMaxKeys), e.clock)
+	if r, ok := cfg.Store.(Refunder); ok && e.refunder == nil {
+		e.refunder = r
+	}
+	if cfg.Store == nil && e.refunder == nil {
+		e.refunder = e.local
+	}
 	e.cur.Store(newCurrent(cfg.Policy))
 	st := e.breakerSettings(cfg.Policy.Failure.Breaker)
 	switch s := cfg.Store.(type) {
@@ -273,6 +303,10 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 		return errors.New("engine: nil policy")
 	}
 	old := e.cur.Swap(newCurrent(p))
+	if old.leases != nil {
+		// The old policy's leases serve no more requests: give back their units.
+		go e.returnLeases(context.Background(), old, true)
+	}
 	if old.pol.Failure.Breaker != p.Failure.Breaker && e.nodes != nil {
 		e.nodes.UseBreakers(e.breakerSettings(p.Failure.Breaker))
 	}
@@ -345,7 +379,8 @@ type Plan struct {
 	// client (see identity.Address).
 	AddressFellBack bool
 
-	cur *current // the policy the plan was made with
+	cur    *current       // the policy the plan was made with
+	leases []policy.Lease // per meter, its lease; nil when the policy leases nothing
 }
 
 // Join returns one plan that decides ps together, all-or-nothing, with each store key
@@ -369,9 +404,16 @@ func Join(ps []Plan) (Plan, [][]int) {
 				j.Check.Keys = append(j.Check.Keys, k)
 				j.Check.Meters = append(j.Check.Meters, p.Check.Meters[i])
 				j.Rules = append(j.Rules, p.Rules[i])
+				if p.leases != nil {
+					j.leases = append(j.leases, make([]policy.Lease, n+1-len(j.leases))...)
+					j.leases[n] = p.leases[i]
+				}
 			}
 			idx[pi] = append(idx[pi], n)
 		}
+	}
+	if j.leases != nil {
+		j.leases = append(j.leases, make([]policy.Lease, len(j.Check.Keys)-len(j.leases))...)
 	}
 	return j, idx
 }
@@ -434,6 +476,9 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 			p.Check.Keys = append(p.Check.Keys, mt.Keys[i])
 			p.Check.Meters = append(p.Check.Meters, mr)
 			p.Rules = append(p.Rules, mt.Rule)
+			if cur.leases != nil {
+				p.leases = append(p.leases, mt.Rule.MeterLease(i))
+			}
 		}
 	}
 	return p, nil
@@ -471,6 +516,11 @@ func (e *Engine) decide(ctx context.Context, p Plan, start time.Time) Verdict {
 	now := start.UnixMicro()
 	if v, ok := e.fromDenyCache(p, now); ok {
 		return v
+	}
+	if p.Check.Cost > 0 && p.leased() {
+		if v, ok := e.decideLeased(ctx, p, now); ok {
+			return v
+		}
 	}
 	out, err := e.decideInStore(ctx, p.cur.pol, p.Check)
 	if err != nil {
@@ -563,6 +613,7 @@ func (e *Engine) verdict(p Plan, out algo.Outcome) Verdict {
 	if at == 0 {
 		at = e.clock().UnixMicro()
 	}
+	v.NowMicros = at
 	for i, ds := range out.Decisions {
 		mt := p.Check.Meters[i]
 		for j, d := range ds {
@@ -620,11 +671,19 @@ func (e *Engine) Keys(domain string, attrs map[string]string) ([]string, []algo.
 	return p.Check.Keys, p.Check.Meters, nil
 }
 
-// Forget drops keys from the deny cache and the in-process store (after an admin
-// reset).
+// Forget drops keys from the deny cache, the leases and the in-process store (after
+// an admin reset: a lease's units were charged to the state the reset deleted, so
+// they are not spent after it).
 func (e *Engine) Forget(keys []string) {
-	if deny := e.cur.Load().deny; deny != nil {
-		deny.forget(keys)
+	cur := e.cur.Load()
+	if cur.deny != nil {
+		cur.deny.forget(keys)
+	}
+	if cur.known != nil && cur.known != cur.deny {
+		cur.known.forget(keys)
+	}
+	if cur.leases != nil {
+		cur.leases.forget(keys)
 	}
 	e.local.Reset(keys...)
 }

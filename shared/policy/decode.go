@@ -48,7 +48,8 @@ var (
 	identityFields  = []string{"trusted_proxies", "ipv6_prefix"}
 	denyCacheFields = []string{"enabled", "max_entries"}
 	ruleFields      = []string{"name", "match", "limits", "unlimited", "replaces", "shadow"}
-	limitFields     = []string{"algorithm", "rate", "burst", "bucket", "record", "calendar"}
+	limitFields     = []string{"algorithm", "rate", "burst", "bucket", "record", "calendar", "lease"}
+	leaseFields     = []string{"units", "for"} // lease: see Lease and decoder.lease
 	calendarFields  = []string{"timezone"}
 	eachFields      = []string{"each"}
 )
@@ -860,6 +861,7 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 			ok = ok && lok
 			r.Limits = append(r.Limits, l)
 			r.Records = append(r.Records, rec)
+			r.addLease(j, d.lease(ln, lp, l, rec, r.Shadow)) // lease: see decoder.lease
 			limitNodes = append(limitNodes, d.node(ln))
 			if d.over {
 				return r, nameNode
@@ -1292,4 +1294,40 @@ func distance(a, b string) int {
 		}
 	}
 	return row[len(b)]
+}
+
+// lease: the decoding of a limit's lease field (see Lease).
+
+// lease decodes the lease field of the limit mapping n at path, for the limit l as
+// decoded (recording record, in a rule that is shadow or not), and returns it, or
+// the zero Lease when there is none. Its problems are Lease.Problems, each at the
+// field it names.
+func (d *decoder) lease(n *yaml.Node, path string, l algo.Limit, record string, shadow bool) Lease {
+	var quiet decoder // the limit's own problems are decoder.limit's to report
+	v := d.optional(quiet.mapping(n, path, limitFields, ""), "lease")
+	if v == nil {
+		return Lease{}
+	}
+	path += ".lease"
+	f := d.mapping(v, path, leaseFields, "a lease: a mapping with units and for, e.g. lease: {units: 50, for: 100ms}")
+	if f == nil {
+		return Lease{}
+	}
+	var ls Lease
+	nodes := map[string]*yaml.Node{"": v}
+	ok := map[string]bool{"": true}
+	if u, present := d.required(f, v, path, "units", "say how many units to reserve at a time, e.g. units: 50"); present {
+		nodes["units"] = u
+		ls.Units, ok["units"] = d.integer(u, path+".units", 1, algo.MaxCount)
+	}
+	if t, present := d.required(f, v, path, "for", "say how long a reservation may be spent from, e.g. for: 100ms"); present {
+		nodes["for"] = t
+		ls.For, ok["for"] = d.duration(t, path+".for", MinLeaseFor, MaxLeaseFor, "100ms")
+	}
+	for _, pr := range ls.Problems(l, record, shadow) {
+		if ok[pr[0]] { // a field that did not decode has had its problem
+			d.add(nodes[pr[0]], strings.TrimSuffix(path+"."+pr[0], "."), pr[1])
+		}
+	}
+	return ls
 }

@@ -57,5 +57,34 @@ rules:
 	//	rules[0].limits[0].rate: "5/x": unknown unit "x"; use ms, s, min, h or day (line 6)
 	//	rules[0].limits[0].burst: "10": sliding_log has no burst; remove it or use token_bucket, gcra or leaky_bucket (line 6)
 	//	rules[1].name: "per-key" is used by rules[0]; rule names must be unique (line 7)
-	//	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar (line 9)
+	//	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease (line 9)
+}
+
+// A hot global limit served from leases: each instance reserves 50 units at a time
+// and spends them in process for at most 100ms. A lease on an algorithm that cannot
+// lease is a problem with its fix.
+func ExampleLease() {
+	p, err := policy.Parse([]byte(`
+domain: public-api
+rules:
+  - name: search-global
+    match: {path: "/search*"}
+    limits:
+      - {algorithm: fixed_window, rate: 1000/s, lease: {units: 50, for: 100ms}}
+`))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("%+v\n", p.Rules[0].MeterLease(0))
+	_, err = policy.Parse([]byte(`
+domain: public-api
+rules:
+  - name: login
+    limits: [{algorithm: sliding_log, rate: 5/min, lease: {units: 2, for: 1s}}]
+`))
+	fmt.Println(err)
+	// Output:
+	// {Units:50 For:100ms}
+	// policy: rules[0].limits[0].lease: sliding_log cannot lease (each request must reach the store); remove lease or use fixed_window, sliding_window, token_bucket or gcra (line 5)
 }

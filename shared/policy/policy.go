@@ -182,6 +182,9 @@ type Rule struct {
 	Replaces []string
 	// Limits as written in the policy.
 	Limits []algo.Limit
+	// Leases holds, per limit, the lease it is served from (see Lease); the zero
+	// Lease for none. Nil when no limit of the rule leases.
+	Leases []Lease
 	// Records holds, per limit, the name of the attribute whose value is kept with
 	// each admitted request, or "" for none.
 	Records []string
@@ -196,6 +199,109 @@ type Rule struct {
 	meterIDs    []string // per meter, its name in keys (algo.MeterID)
 	replacedBy  []*Rule  // the rules whose Replaces name this one
 	recording   bool     // some meter records
+}
+
+// A Lease lets each instance serve a hot limit from a slice of its quota: the
+// instance reserves Units in the store in one decision of cost Units on the limit's
+// key (so the store charges every reserved unit, and never more is admitted than the
+// limit) and admits from them in process until they are spent or the lease ends, For
+// after the reservation or at the end of the window it was reserved in, whichever
+// comes first; what is unused then is given back (see package engine). The zero
+// Lease is no lease.
+//
+// The price: units reserved by one instance are unavailable to the others until
+// they are spent or given back, so at most Units times the number of instances of a
+// limit's quota is held away from where the traffic is.
+type Lease struct {
+	Units int64         // units reserved at a time, 1 to the limit's capacity
+	For   time.Duration // the longest a reservation is spent from, 1ms to 1h
+}
+
+// Bounds of a lease's fields.
+const (
+	MinLeaseFor = time.Millisecond
+	MaxLeaseFor = time.Hour
+)
+
+// CanLease reports whether limits of algorithm a can be served from leases: the
+// counting algorithms, whose charge of n units at once is the charge of n units one
+// by one (fixed_window, sliding_window, token_bucket, gcra). sliding_log records
+// each request's own time, which a reservation made earlier cannot know;
+// leaky_bucket shapes, giving each request its own delay from the queue at its
+// arrival; bucket_ring counts in sub-window buckets of several windows on one key,
+// and giving back a charge needs the bucket it went to, which only the store's undo
+// data carries.
+func CanLease(a algo.Algorithm) bool {
+	return a == algo.FixedWindow || a == algo.SlidingWindow || a == algo.TokenBucket || a == algo.GCRA
+}
+
+// Problems returns what is wrong with the lease of limit l (which records the
+// attribute record, in a shadow rule or not), each as a field under the lease
+// ("units", "for") or "" for the lease as a whole, and its fix.
+func (ls Lease) Problems(l algo.Limit, record string, shadow bool) [][2]string {
+	var out [][2]string
+	bad := func(field, msg string) { out = append(out, [2]string{field, msg}) }
+	switch {
+	case l.Algorithm.Valid() && !CanLease(l.Algorithm):
+		bad("", fmt.Sprintf("%s cannot lease (each request must reach the store); remove lease or use fixed_window, sliding_window, token_bucket or gcra", l.Algorithm))
+	case record != "":
+		bad("", "a limit that records each request's value cannot lease; remove lease or record")
+	case shadow:
+		bad("", "a shadow rule's limits never deny, so there is nothing to lease; remove lease or shadow")
+	}
+	if ls.Units < 1 || (l.Count > 0 && ls.Units > l.Capacity()) {
+		bad("units", fmt.Sprintf("units must be 1 to the limit's capacity (%d); a tenth of it or less leaves room for other instances, e.g. units: %d", l.Capacity(), max(1, l.Capacity()/10)))
+	}
+	if ls.For < MinLeaseFor || ls.For > MaxLeaseFor || ls.For%time.Millisecond != 0 {
+		bad("for", "for must be a whole number of milliseconds from 1ms to 1h, e.g. for: 100ms")
+	}
+	return out
+}
+
+// addLease appends the lease of the rule's limit j (decoded in order), keeping
+// Leases nil until some limit leases.
+func (r *Rule) addLease(j int, ls Lease) {
+	if r.Leases == nil && ls == (Lease{}) {
+		return
+	}
+	if r.Leases == nil {
+		r.Leases = make([]Lease, j)
+	}
+	r.Leases = append(r.Leases, ls)
+}
+
+// MeterLease returns the lease of the rule's meter i (an index into Meters), or the
+// zero Lease.
+func (r *Rule) MeterLease(i int) Lease {
+	if r.Leases == nil {
+		return Lease{}
+	}
+	m, ring := 0, false
+	for j, l := range r.Limits {
+		if l.Algorithm == algo.BucketRing {
+			// A ring's limits form one meter, at the place of the first; rings
+			// do not lease.
+			if !ring {
+				ring, m = true, m+1
+			}
+			continue
+		}
+		if m == i {
+			return r.Leases[j]
+		}
+		m++
+	}
+	return Lease{}
+}
+
+// Leasing reports whether some limit of the policy is served from leases.
+func (p *Policy) Leasing() bool {
+	for _, r := range p.Rules {
+		if r.Leases != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // A Problem is one thing wrong with a policy.

@@ -249,12 +249,38 @@ func TestValidation(t *testing.T) {
 			[]string{`rules[1].replaces: want a list of rule names, e.g. replaces: [per-key], got the string "a"`}},
 		{"unlimited with limits", "domain: d\nrules:\n- {name: a, unlimited: true, shadow: true, limits: [{algorithm: gcra, rate: 1/s}]}\n",
 			[]string{"rules[0].unlimited: an unlimited rule limits nothing to shadow; remove shadow, or unlimited", "rules[0].limits: an unlimited rule has no limits; remove limits, or unlimited"}},
+		{"lease on algorithms that cannot lease", rule("{algorithm: sliding_log, rate: 10/s, lease: {units: 2, for: 100ms}}", "{algorithm: leaky_bucket, rate: 10/s, lease: {units: 2, for: 100ms}}", "{algorithm: bucket_ring, rate: 10/s, lease: {units: 2, for: 100ms}}"),
+			[]string{
+				"rules[0].limits[0].lease: sliding_log cannot lease (each request must reach the store); remove lease or use fixed_window, sliding_window, token_bucket or gcra",
+				"rules[0].limits[1].lease: leaky_bucket cannot lease (each request must reach the store); remove lease or use fixed_window, sliding_window, token_bucket or gcra",
+				"rules[0].limits[2].lease: bucket_ring cannot lease (each request must reach the store); remove lease or use fixed_window, sliding_window, token_bucket or gcra",
+			}},
+		{"lease units and for out of range", rule("{algorithm: gcra, rate: 100/s, burst: 20, lease: {units: 21, for: 2h}}", "{algorithm: fixed_window, rate: 100/s, lease: {units: 0, for: 100}}", "{algorithm: token_bucket, rate: 100/s, lease: {units: 10, for: 1500us}}"),
+			[]string{
+				"rules[0].limits[0].lease.units: units must be 1 to the limit's capacity (20); a tenth of it or less leaves room for other instances, e.g. units: 2",
+				`rules[0].limits[0].lease.for: "2h": must be from 1ms to 1h`,
+				"rules[0].limits[1].lease.units: 0: must be from 1 to 1099511627776",
+				"rules[0].limits[1].lease.for: want a duration with a unit, such as 100ms, got the number 100",
+				"rules[0].limits[2].lease.for: for must be a whole number of milliseconds from 1ms to 1h, e.g. for: 100ms",
+			}},
+		{"lease missing fields", rule("{algorithm: gcra, rate: 100/s, lease: {unit: 5}}", "{algorithm: gcra, rate: 100/s, lease: 5}"),
+			[]string{
+				"rules[0].limits[0].lease.units: missing; say how many units to reserve at a time, e.g. units: 50",
+				"rules[0].limits[0].lease.for: missing; say how long a reservation may be spent from, e.g. for: 100ms",
+				`rules[0].limits[0].lease.unit: unknown field; known fields: units, for; did you mean "units"?`,
+				"rules[0].limits[1].lease: want a lease: a mapping with units and for, e.g. lease: {units: 50, for: 100ms}, got the number 5",
+			}},
+		{"lease with record or in a shadow rule", "domain: d\nrules:\n- {name: a, match: {user: \"*\"}, limits: [{algorithm: fixed_window, rate: 10/s, record: path, lease: {units: 2, for: 1s}}]}\n- {name: b, shadow: true, limits: [{algorithm: gcra, rate: 10/s, lease: {units: 2, for: 1s}}]}\n",
+			[]string{
+				"rules[0].limits[0].lease: a limit that records each request's value cannot lease; remove lease or record",
+				"rules[1].limits[0].lease: a shadow rule's limits never deny, so there is nothing to lease; remove lease or shadow",
+			}},
 		{"unknown top-level field", "domain: d\ncolour: red\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
 			[]string{"colour: unknown field; known fields: domain, prefix, shard_by, failure, identity, deny_cache, plans, rules"}},
 		{"unknown limit field", rule("{algorithm: gcra, rate: 1/s, colour: red}"),
-			[]string{"rules[0].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar"}},
+			[]string{"rules[0].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease"}},
 		{"misspelt field", rule("{algorithm: gcra, rate: 1/s, brust: 3}"),
-			[]string{`rules[0].limits[0].brust: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar; did you mean "burst"?`}},
+			[]string{`rules[0].limits[0].brust: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease; did you mean "burst"?`}},
 		{"unknown fields everywhere", "domain: d\nfailure: {mode: open, retries: 3, breaker: {fails: 1}}\nidentity: {proxies: 1}\ndeny_cache: {size: 1}\nrules: [{name: r, when: x, limits: [{algorithm: gcra, rate: 1/s, cost: 2}]}]\n",
 			[]string{
 				"failure.retries: unknown field; known fields: mode, timeout, expected_instances, breaker",
@@ -262,7 +288,7 @@ func TestValidation(t *testing.T) {
 				"identity.proxies: unknown field; known fields: trusted_proxies, ipv6_prefix",
 				"deny_cache.size: unknown field; known fields: enabled, max_entries",
 				"rules[0].when: unknown field; known fields: name, match, limits, unlimited, replaces, shadow",
-				"rules[0].limits[0].cost: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar",
+				"rules[0].limits[0].cost: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease",
 			}},
 		{"repeated field", "domain: d\ndomain: e\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
 			[]string{"domain: appears twice (first on line 1); remove one"}},
@@ -413,7 +439,7 @@ func TestValidationErrorMessage(t *testing.T) {
 	want := `policy: 3 problems:
 	rules[0].limits[0].rate: "1/x": unknown unit "x"; use ms, s, min, h or day (line 3)
 	rules[1].name: "a" is used by rules[0]; rule names must be unique (line 4)
-	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar (line 4)`
+	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease (line 4)`
 	if err == nil || err.Error() != want {
 		t.Errorf("Parse().Error() = %v, want %s", err, want)
 	}
@@ -514,5 +540,41 @@ func TestAliasExpansion(t *testing.T) {
 	if got, want := problems(mustFail(t, "domain: d\nrules:\n- &r {name: r, <<: *r, limits: [{algorithm: gcra, rate: 1/s}]}\n")),
 		[]string{"the alias *r refers to a value that contains it; remove the cycle"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("Parse(self merge) problems = %q, want %q", got, want)
+	}
+}
+
+// TestMeterLease parses leased limits beside a bucket_ring (whose limits form one
+// meter) and checks that each meter gets its own limit's lease.
+func TestMeterLease(t *testing.T) {
+	t.Parallel()
+	p, err := policy.Parse([]byte(rule(
+		"{algorithm: bucket_ring, rate: 10/s}",
+		"{algorithm: gcra, rate: 100/s, lease: {units: 10, for: 100ms}}",
+		"{algorithm: bucket_ring, rate: 50/10s}",
+		"{algorithm: fixed_window, rate: 1000/min}",
+		"{algorithm: sliding_window, rate: 1000/min, lease: {units: 20, for: 1s}}",
+	)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := p.Rules[0]
+	want := []policy.Lease{{}, {Units: 10, For: 100 * time.Millisecond}, {}, {Units: 20, For: time.Second}}
+	if len(r.Meters) != len(want) {
+		t.Fatalf("%d meters, want %d", len(r.Meters), len(want))
+	}
+	for i, w := range want {
+		if got := r.MeterLease(i); got != w {
+			t.Errorf("MeterLease(%d) = %+v, want %+v (meter %v)", i, got, w, r.Meters[i].Limits)
+		}
+	}
+	if !p.Leasing() {
+		t.Error("Leasing() = false, want true")
+	}
+	plain, err := policy.Parse([]byte(rule("{algorithm: gcra, rate: 100/s}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain.Leasing() || plain.Rules[0].Leases != nil {
+		t.Errorf("a policy without leases: Leasing() = %v, Leases = %v; want false, nil", plain.Leasing(), plain.Rules[0].Leases)
 	}
 }

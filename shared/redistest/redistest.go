@@ -501,6 +501,31 @@ func (s *Server) Do(t testing.TB, args ...any) any {
 	return v
 }
 
+// ScriptCalls returns the script calls (EVALSHA and EVAL) s has served since it
+// started, by INFO commandstats: the round trips of decisions and refunds. (The
+// commands a script runs are counted apart, and are no round trips.)
+func (s *Server) ScriptCalls(t testing.TB) int64 {
+	t.Helper()
+	info, ok := s.Do(t, "INFO", "commandstats").(string)
+	if !ok {
+		t.Fatalf("redistest: INFO commandstats on %s: not a string", s.Addr)
+	}
+	var n int64
+	for _, cmd := range []string{"cmdstat_evalsha", "cmdstat_eval"} {
+		stats, found := infoField(info, cmd) // calls=N,usec=…
+		if !found {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(stats, "calls="), ",")
+		v, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			t.Fatalf("redistest: INFO commandstats %s=%s: %v", cmd, stats, err)
+		}
+		n += v
+	}
+	return n
+}
+
 // Kill sends SIGKILL to the process and waits until it is gone. It does
 // nothing if the server is not running.
 func (s *Server) Kill() { s.signal(syscall.SIGKILL, 0) }
