@@ -511,7 +511,7 @@ func (s *Server) ScriptCalls(t testing.TB) int64 {
 		t.Fatalf("redistest: INFO commandstats on %s: not a string", s.Addr)
 	}
 	var n int64
-	for _, cmd := range []string{"cmdstat_evalsha", "cmdstat_eval"} {
+	for _, cmd := range []string{"cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall", "cmdstat_fcall_ro"} {
 		stats, found := infoField(info, cmd) // calls=N,usec=…
 		if !found {
 			continue
