@@ -501,7 +501,7 @@ func (s *Server) Do(t testing.TB, args ...any) any {
 	return v
 }
 
-// ScriptCalls returns the script calls (EVALSHA and EVAL) s has served since it
+// ScriptCalls returns the script calls (EVALSHA, EVAL and FCALL) s has served since it
 // started, by INFO commandstats: the round trips of decisions and refunds. (The
 // commands a script runs are counted apart, and are no round trips.)
 func (s *Server) ScriptCalls(t testing.TB) int64 {
