@@ -1,6 +1,6 @@
 -- fixed_window: a counter per window aligned to the Unix epoch.
--- KEYS: the meter key K. State: K:<w> (integer string, INCRBY + PEXPIRE in the same
--- script as the read, so the check-then-INCR race cannot happen) and, when the meter
+-- KEYS: the meter key K. State: K:<w> (integer string, written with its TTL in the
+-- same call as the read, so the check-then-INCR race cannot happen) and, when the meter
 -- records, K:<w>:r (hash: recorded value -> units). Both derive from K and keep its
 -- hash tag, so they live in K's cluster slot.
 -- Time: the caller's now (server TIME unless the caller passed one).
@@ -37,8 +37,9 @@ function A.fixed_window.check(key, now, cost, lims, record)
   if record ~= '' then writes[2] = k .. ':r' end
   return {d}, function()
     if cost == 0 then return {} end
-    redis.call('INCRBY', k, cost)
-    redis.call('PEXPIRE', k, ttl(e - now))
+    -- the count was read above in this same call: SET ... PX leaves what INCRBY and
+    -- PEXPIRE would, in one command
+    redis.call('SET', k, string.format('%d', used + cost), 'PX', ttl(e - now))
     if record ~= '' then
       redis.call('HINCRBY', k .. ':r', record, cost)
       redis.call('PEXPIRE', k .. ':r', ttl(e - now))

@@ -11,7 +11,7 @@ local tat_slack = 1
 -- times derived from a TAT are rounded up after taking off its quarter-microsecond grid
 local function ceil_tat(x) return ceil_us(x - 0.25) end
 -- gcra_core decides: allowed (0|1), remaining, reset_after, retry_after, delay, and
--- the new TAT - now. fast.lua writes the same arithmetic out for the common request.
+-- the new TAT - now.
 local function gcra_core(key, now, cost, n, p, b, shape)
   local t = p / n
   local rel = 0

@@ -1,7 +1,7 @@
--- tollgate: shared helpers of the decision and refund scripts. The Go package
--- concatenates fast.lua (decision script only), prelude.lua, one file per algorithm,
--- then decide.lua (or refund.lua) into one script, so every algorithm is decided in
--- the same round trip.
+-- tollgate: the helpers every algorithm file uses. Package algo joins prelude.lua,
+-- one file per algorithm, then library.lua into one source: a Redis Functions library
+-- (FUNCTION LOAD once per node, FCALL per call), or the same source run by EVALSHA
+-- where the server has no FUNCTION. Nothing here runs at load but definitions.
 --
 -- Numbers: times are Unix microseconds, whole numbers below 2^53, exact in Lua's
 -- doubles. Fractions (tokens, a TAT with a fractional emission interval) are stored
@@ -28,9 +28,10 @@ local function num(x)
   return string.format('%.17g', x)
 end
 
--- ttl_slack is added to every TTL when the caller passed the time (decide.lua sets
--- it from fast.lua's slack): a caller's clock may run slower than the server's, and a key must not expire
--- on the server before the caller's time says it should.
+-- ttl_slack is added to every TTL when the caller passed the time: a caller's clock
+-- may run slower than the server's, and a key must not expire on the server before
+-- the caller's time says it should. library.lua sets it for every request before any
+-- algorithm runs (Redis runs one call at a time), so no call sees another's.
 local ttl_slack = 0
 
 -- ttl converts microseconds to a PEXPIRE argument: whole ms, rounded up, at least 1.
