@@ -61,7 +61,7 @@ type Batcher struct {
 // call is one queued request.
 type call struct {
 	check    algo.Check
-	node     string             // the node that holds its keys
+	node     string    // the node that holds its keys
 	deadline time.Time // zero: none
 	out      algo.Outcome
 	err      error

@@ -132,7 +132,9 @@ func BenchmarkScriptCost(b *testing.B) {
 	}
 	fcall := func(m []algo.Meter) func(redis.Pipeliner, []string) {
 		args := algo.DecideArgs(m, 1, 0, false)
-		return func(pipe redis.Pipeliner, keys []string) { pipe.FCall(ctx, lua.Function(algo.EntryDecide), keys, args...) }
+		return func(pipe redis.Pipeliner, keys []string) {
+			pipe.FCall(ctx, lua.Function(algo.EntryDecide), keys, args...)
+		}
 	}
 	cases := []script{
 		{"return1", evalsha("return 1"), 1},
