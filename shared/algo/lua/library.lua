@@ -113,7 +113,10 @@ local function request(keys, k0, args, a0, server)
       local d, o = ds[j], #out
       out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = d[ALLOWED], d[REMAINING], d[RESET_US], d[RETRY_US], d[DELAY_US]
     end
-    if commit then
+    if commit and m == 1 then
+      -- the request's only meter allows: nothing else can deny, charge it now
+      if undo then snapshot_commit(out, i, commit, writes) else commit() end
+    elseif commit then
       commits[#commits + 1] = {i, commit, writes}
     elseif not shadow then
       out[2] = 0
