@@ -52,26 +52,23 @@ local function unknown(name)
   return redis.error_reply('tollgate: unknown algorithm ' .. tostring(name))
 end
 
--- limits reads n limits of four values from args, the first at pos.
-local function limits(args, pos, n)
-  local lims = {}
-  for j = 1, n do
-    lims[j] = {tonumber(args[pos]), tonumber(args[pos + 1]), tonumber(args[pos + 2]), tonumber(args[pos + 3])}
-    pos = pos + 4
+-- charge runs the commit of meter i, whose ARGV starts at args[mpos], with the state
+-- its check returned; with undo, every key it may write is dumped before and after,
+-- so that a refund can restore the bytes exactly when nothing else touched them in
+-- between, and meter i's undo record is appended to out.
+local function charge(out, undo, i, algo, key, now, cost, args, mpos, s1, s2, s3, s4)
+  local nl, record = tonumber(args[mpos + 3]), args[mpos + 2]
+  if not undo then
+    algo.commit(key, now, cost, args, mpos + 4, nl, record, s1, s2, s3, s4)
+    return
   end
-  return lims, pos
-end
-
--- snapshot_commit runs commit with undo data: every key it may write is dumped before
--- and after, so that a refund can restore the bytes exactly when nothing else touched
--- them in between. It appends meter i's undo record to out.
-local function snapshot_commit(out, i, commit, writes)
+  local writes = algo.writes(key, now, args, mpos + 4, nl, record)
   local before, expires = {}, {}
   for k = 1, #writes do
     before[k] = redis.call('DUMP', writes[k]) or ''
     expires[k] = redis.call('PEXPIRETIME', writes[k])
   end
-  local extra = commit()
+  local extra = algo.commit(key, now, cost, args, mpos + 4, nl, record, s1, s2, s3, s4) or {}
   out[#out + 1] = i - 1
   out[#out + 1] = #writes
   for k = 1, #writes do
@@ -101,31 +98,34 @@ local function request(keys, k0, args, a0, server)
   local m = tonumber(args[a0 + 4])
   local pos = a0 + 5
   local out = {now, 1}
-  local commits = {}
+  if m == 1 and not undo then
+    -- one meter: nothing else can deny, so it decides and charges in one step
+    local algo = A[args[pos]]
+    if not algo then return unknown(args[pos]) end
+    if not algo.decide(keys[k0 + 1], now, cost, args, pos + 4, tonumber(args[pos + 3]), args[pos + 2], out, 2) and args[pos + 1] ~= '1' then
+      out[2] = 0
+    end
+    return out
+  end
+  -- several meters (or undo data): check every meter, then charge the meters that
+  -- allow only when no meter that is not a shadow denies
+  local pending = {}
   for i = 1, m do
     local algo = A[args[pos]]
     if not algo then return unknown(args[pos]) end
-    local shadow, record = args[pos + 1] == '1', args[pos + 2]
-    local lims
-    lims, pos = limits(args, pos + 4, tonumber(args[pos + 3]))
-    local ds, commit, writes = algo.check(keys[k0 + i], now, cost, lims, record)
-    for j = 1, #ds do
-      local d, o = ds[j], #out
-      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = d[ALLOWED], d[REMAINING], d[RESET_US], d[RETRY_US], d[DELAY_US]
-    end
-    if commit and m == 1 then
-      -- the request's only meter allows: nothing else can deny, charge it now
-      if undo then snapshot_commit(out, i, commit, writes) else commit() end
-    elseif commit then
-      commits[#commits + 1] = {i, commit, writes}
-    elseif not shadow then
+    local nl = tonumber(args[pos + 3])
+    local ok, s1, s2, s3, s4 = algo.check(keys[k0 + i], now, cost, args, pos + 4, nl, args[pos + 2], out, #out)
+    if ok then
+      pending[#pending + 1] = {i, algo, pos, s1, s2, s3, s4}
+    elseif args[pos + 1] ~= '1' then
       out[2] = 0
     end
+    pos = pos + 4 + 4 * nl
   end
   if out[2] == 0 then return out end
-  for c = 1, #commits do
-    local i, commit, writes = commits[c][1], commits[c][2], commits[c][3]
-    if undo then snapshot_commit(out, i, commit, writes) else commit() end
+  for c = 1, #pending do
+    local p = pending[c]
+    charge(out, undo, p[1], p[2], keys[k0 + p[1]], now, cost, args, p[3], p[4], p[5], p[6], p[7])
   end
   return out
 end
@@ -179,9 +179,8 @@ function E.refund(keys, args)
   for _ = 1, tonumber(args[4]) do
     local algo = A[args[pos]]
     if not algo then return unknown(args[pos]) end
-    local record = args[pos + 1]
-    local lims
-    lims, pos = limits(args, pos + 3, tonumber(args[pos + 2]))
+    local record, nl, lpos = args[pos + 1], tonumber(args[pos + 2]), pos + 3
+    pos = lpos + 4 * nl
     local nk = tonumber(args[pos])
     pos = pos + 1
     local same = true
@@ -195,7 +194,7 @@ function E.refund(keys, args)
       restore(keys, kpos, args, pos, nk)
       exact = exact + 1
     else
-      algo.refund(keys[kpos], now, cost, lims, extra, record, refund_now)
+      algo.refund(keys[kpos], now, cost, args, lpos, nl, extra, record, refund_now)
     end
     pos = pos + nk * 3 + 1 + ne
     kpos = kpos + 1 + nk
