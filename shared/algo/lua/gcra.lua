@@ -51,10 +51,15 @@ local function gcra_refund(key, now, cost, args, pos, nl, extra, record, refund_
   end
 end
 
-A.gcra = algorithm({
-  check = function(key, now, cost, args, pos, nl, record, out, o)
-    return gcra_check(key, now, cost, args, pos, out, o, false)
-  end,
-  commit = gcra_commit,
-  refund = gcra_refund,
-})
+-- gcra_meter is the algorithm table of gcra, or with shape of leaky_bucket.
+local function gcra_meter(shape)
+  return algorithm({
+    check = function(key, now, cost, args, pos, nl, record, out, o)
+      return gcra_check(key, now, cost, args, pos, out, o, shape)
+    end,
+    commit = gcra_commit,
+    refund = gcra_refund,
+  })
+end
+
+A.gcra = gcra_meter(false)

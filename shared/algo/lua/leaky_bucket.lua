@@ -6,10 +6,4 @@
 -- Reply: one decision; delay is how long to hold an admitted request.
 -- Time: the caller's now (server TIME unless the caller passed one).
 -- TTL: until the queue is empty.
-A.leaky_bucket = algorithm({
-  check = function(key, now, cost, args, pos, nl, record, out, o)
-    return gcra_check(key, now, cost, args, pos, out, o, true)
-  end,
-  commit = gcra_commit,
-  refund = gcra_refund,
-})
+A.leaky_bucket = gcra_meter(true)
