@@ -64,18 +64,14 @@ var lua = func() Library {
 // Function returns the name of entry e's function in the library, for FCALL.
 func (l Library) Function(e Entry) string { return l.Name + "_" + string(e) }
 
-// FunctionSource returns the library's source for FUNCTION LOAD: the code inside a
-// function that the first call runs (Redis 7.0 lets a library's load reach no global
-// but redis, not even math), then one redis.register_function per entry point.
+// FunctionSource returns the library's source for FUNCTION LOAD: the code, then one
+// redis.register_function per entry point.
 func (l Library) FunctionSource() string {
 	var b strings.Builder
-	b.WriteString("#!lua name=" + l.Name + "\nlocal function library()\n")
+	b.WriteString("#!lua name=" + l.Name + "\n")
 	b.WriteString(l.body)
-	b.WriteString("return E\nend\nlocal entries\n")
 	for _, e := range Entries {
-		fmt.Fprintf(&b, "redis.register_function('%s', function(keys, args)\n"+
-			"  if not entries then entries = library() end\n"+
-			"  return entries.%s(keys, args)\nend)\n", l.Function(e), e)
+		fmt.Fprintf(&b, "redis.register_function('%s', E.%s)\n", l.Function(e), e)
 	}
 	return b.String()
 }

@@ -2,7 +2,8 @@
 -- (decide), several independent requests in one call (many) and the refund of a charge
 -- (refund). Package algo appends the lines that make them callable: one
 -- redis.register_function per entry for the Functions library (FCALL <library>_<entry>),
--- or `return E.<entry>(KEYS, ARGV)` for the EVALSHA of the same source.
+-- or `return E.<entry>(KEYS, ARGV)` for the EVALSHA of the same source. Each entry
+-- binds the standard functions (prelude.lua's bind) on its first call.
 --
 -- decide: every meter of one request, all-or-nothing, in one round trip.
 --   KEYS[i]: the key of meter i (all in one cluster slot).
@@ -133,10 +134,12 @@ end
 local E = {}
 
 function E.decide(keys, args)
+  if not floor then bind() end
   return request(keys, 0, args, 0)
 end
 
 function E.many(keys, args)
+  if not floor then bind() end
   local r = tonumber(args[1])
   local out, server = {}, nil
   local kp, ap = 0, 1
@@ -172,6 +175,7 @@ local function restore(keys, kpos, args, pos, nk)
 end
 
 function E.refund(keys, args)
+  if not floor then bind() end
   local now = tonumber(args[1])
   local refund_now = tonumber(args[2]) or server_now()
   local cost = tonumber(args[3])

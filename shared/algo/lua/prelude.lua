@@ -25,7 +25,13 @@
 --     charge logically, never giving back more than the charge still weighs: refill that
 --     happened since the charge already made up for part of it.
 local A = {}
-local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+-- Redis 7.0 lets a library's load reach no global but redis, not even math: these are
+-- bound by bind, which every entry point calls first.
+local floor, ceil, max, min
+
+local function bind()
+  floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+end
 
 local function num(x)
   if x == floor(x) then return string.format('%d', x) end
