@@ -23,7 +23,7 @@ const (
 type BatchConfig struct {
 	// MaxBatch is the most requests sent in one batch (default 64). A queue that
 	// reaches it goes out at once, even while another batch is in flight. 1 turns
-	// batching off: every request is its own EVALSHA, as with Store.Decide.
+	// batching off: every request is its own call, as with Store.Decide.
 	MaxBatch int
 	// MaxWait bounds how long a queued request waits for the round trip in flight
 	// ahead of it before its queue goes out as a batch of its own (default 50µs). A
@@ -35,9 +35,9 @@ type BatchConfig struct {
 // are in flight to Redis together. A lone request goes out at once; only when a round
 // trip is already under way do arriving requests queue, and the queue goes out when
 // that round trip ends, when it holds MaxBatch requests, or after MaxWait, whichever
-// comes first. On a standalone Redis a batch is one EVALSHA of the many-request script
-// (algo.DecideManyScript); on a cluster it is one pipeline per node of one EVALSHA per
-// request. Either way each request is decided all-or-nothing on its own, with its own
+// comes first. On a standalone Redis a batch is one call of the Lua library's many
+// entry (algo.EntryMany); on a cluster it is one pipeline per node of one decide call
+// per request. Either way each request is decided all-or-nothing on its own, with its own
 // reply or error; only the round trip is shared. A request whose keys span several
 // cluster slots bypasses the batcher and takes Store.Decide (with its refunds).
 //
@@ -190,7 +190,7 @@ func (b *Batcher) lone(ctx context.Context, c algo.Check) (algo.Outcome, error) 
 	return b.store.run(ctx, c, false)
 }
 
-// outcome decodes a decision script's reply to c.
+// outcome decodes the decide entry's reply to c.
 func outcome(v any, err error, c algo.Check) (algo.Outcome, error) {
 	if err != nil {
 		return algo.Outcome{}, runError(c, err)
@@ -199,15 +199,15 @@ func outcome(v any, err error, c algo.Check) (algo.Outcome, error) {
 	return fromReply(rep, err, c)
 }
 
-// runError is the error of a decision script for c that did not answer.
+// runError is the error of a decide call for c that did not answer.
 func runError(c algo.Check, err error) error {
-	return fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], err)
+	return fmt.Errorf("redisstore: decide %q: %w", c.Keys[0], err)
 }
 
 // fromReply is the outcome of c from its parsed reply, or the parse error.
 func fromReply(rep algo.Reply, err error, c algo.Check) (algo.Outcome, error) {
 	if err != nil {
-		return algo.Outcome{}, fmt.Errorf("redisstore: decision script for %q: %w", c.Keys[0], err)
+		return algo.Outcome{}, fmt.Errorf("redisstore: decide %q: reply: %w", c.Keys[0], err)
 	}
 	return rep.Outcome(), nil
 }
@@ -334,7 +334,7 @@ func (b *Batcher) flushMany(ctx context.Context, batch []*call) {
 		checks[i] = cl.check
 	}
 	keys, args := algo.ManyCall(checks)
-	sc := &scriptCall{entry: algo.EntryMany, keys: keys, args: args}
+	sc := entryCall(algo.EntryMany, keys, args)
 	b.store.exec(ctx, sc)
 	v, err := sc.value()
 	reps, ok := v.([]any)

@@ -24,10 +24,11 @@ type Store struct {
 	cc       *redis.ClusterClient // the client, when it is a cluster's
 	node     string               // the node's name, when not a cluster
 	breakers atomic.Pointer[breaker.Set]
-	// lua is the library; functions names each entry's function (FCALL), scripts
-	// each entry's script (EVALSHA, once noFunctions: a server had no FUNCTION).
+	// lua is the library; functions names each entry's function (FCALL; boxed
+	// once), scripts each entry's script (EVALSHA, once noFunctions: a server had
+	// no FUNCTION).
 	lua         algo.Library
-	functions   map[algo.Entry]string
+	functions   map[algo.Entry]any
 	scripts     map[algo.Entry]*redis.Script
 	noFunctions atomic.Bool
 	// stopWatch and watchDone stop and await a Sentinel master's switch watch
@@ -49,7 +50,7 @@ func New(client redis.UniversalClient) (*Store, error) {
 		cc:        cc,
 		node:      "redis",
 		lua:       algo.Lua(),
-		functions: map[algo.Entry]string{},
+		functions: map[algo.Entry]any{},
 		scripts:   map[algo.Entry]*redis.Script{},
 	}
 	for _, e := range algo.Entries {
@@ -172,7 +173,7 @@ func (s *Store) refundAll(ctx context.Context, done []charged, now int64) error 
 		// The refund must run even if the request's deadline has passed: a lost refund
 		// leaves units charged for a request that was denied.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		sc := &scriptCall{entry: algo.EntryRefund, keys: keys, args: args}
+		sc := entryCall(algo.EntryRefund, keys, args)
 		s.exec(rctx, sc)
 		err := sc.cmd.Err()
 		cancel()

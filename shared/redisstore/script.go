@@ -21,21 +21,37 @@ import (
 // A scriptCall is one call of an entry point of the library.
 type scriptCall struct {
 	entry algo.Entry
-	keys  []string
-	args  []any
-	ints  bool // the reply is read as integers (decide without undo data)
+	// args is the whole command: two places for the command and the function (or
+	// script) that command fills in, the key count, the keys, then ARGV. It is built
+	// once, in the slice go-redis sends (BenchmarkDecide reports the allocations).
+	args []any
+	ints bool // the reply is read as integers (decide without undo data)
 	// cmd is the command last sent; an *redis.IntSliceCmd when ints, else a *redis.Cmd.
 	cmd redis.Cmder
 }
 
+// callArgs returns the start of a call's command for keys, with room for argc more
+// arguments: the command's two places, the key count and the keys.
+func callArgs(keys []string, argc int) []any {
+	args := make([]any, 3, 3+len(keys)+argc)
+	args[2] = len(keys)
+	for i := range keys {
+		// A *string boxes without an allocation; go-redis writes it, and hashes it to
+		// a cluster slot, as the string.
+		args = append(args, &keys[i])
+	}
+	return args
+}
+
 // decideCall is the call of the decide entry for c.
 func decideCall(c algo.Check, undo bool) *scriptCall {
-	return &scriptCall{
-		entry: algo.EntryDecide,
-		keys:  c.Keys,
-		args:  algo.AppendDecideArgs(make([]any, 0, 4+8*len(c.Meters)), c, undo),
-		ints:  !undo,
-	}
+	args := algo.AppendDecideArgs(callArgs(c.Keys, 4+8*len(c.Meters)), c, undo)
+	return &scriptCall{entry: algo.EntryDecide, args: args, ints: !undo}
+}
+
+// entryCall is the call of entry e with keys and argv.
+func entryCall(e algo.Entry, keys []string, argv []any) *scriptCall {
+	return &scriptCall{entry: e, args: append(callArgs(keys, len(argv)), argv...)}
 }
 
 // value returns the reply of a call whose reply is not read as integers.
@@ -112,23 +128,17 @@ func (s *Store) send(ctx context.Context, calls []*scriptCall) {
 
 // command returns the FCALL (or, without Redis Functions, the EVALSHA) of sc.
 func (s *Store) command(ctx context.Context, sc *scriptCall) redis.Cmder {
-	args := make([]any, 0, 3+len(sc.keys)+len(sc.args))
 	if s.noFunctions.Load() {
-		args = append(args, "evalsha", s.scripts[sc.entry].Hash())
+		sc.args[0], sc.args[1] = "evalsha", s.scripts[sc.entry].Hash()
 	} else {
-		args = append(args, "fcall", s.functions[sc.entry])
+		sc.args[0], sc.args[1] = "fcall", s.functions[sc.entry]
 	}
-	args = append(args, len(sc.keys))
-	for _, k := range sc.keys {
-		args = append(args, k)
-	}
-	args = append(args, sc.args...)
 	if sc.ints {
-		cmd := redis.NewIntSliceCmd(ctx, args...)
+		cmd := redis.NewIntSliceCmd(ctx, sc.args...)
 		cmd.SetFirstKeyPos(3)
 		return cmd
 	}
-	cmd := redis.NewCmd(ctx, args...)
+	cmd := redis.NewCmd(ctx, sc.args...)
 	cmd.SetFirstKeyPos(3)
 	return cmd
 }
@@ -136,6 +146,9 @@ func (s *Store) command(ctx context.Context, sc *scriptCall) redis.Cmder {
 // missing reports whether err says that the node lacks the library: the function
 // (or, without Redis Functions, the script) is unknown, or FCALL itself is.
 func missing(err error) bool {
+	if err == nil {
+		return false
+	}
 	var reply redis.Error
 	if !errors.As(err, &reply) {
 		return false

@@ -1,8 +1,8 @@
 -- fixed_window: a counter per window aligned to the Unix epoch.
 -- KEYS: the meter key K. State: K:<w> (an integer) and, when the meter records,
 -- K:<w>:r (hash: recorded value -> units). Both derive from K and keep its hash tag,
--- so they live in K's cluster slot. The count is read (or incremented) in the same
--- call as the decision, so the check-then-INCR race cannot happen.
+-- so they live in K's cluster slot. The count is read and written in the same call
+-- as the decision, so the check-then-INCR race cannot happen.
 -- ARGV (one limit, see prelude.lua): count, period_us, capacity (= count), and the
 -- start of a calendar window (0: aligned to the epoch).
 -- Reply: one decision; retry_after is the window's end, or a period when cost > count.
@@ -67,25 +67,3 @@ A.fixed_window = algorithm({
     end
   end,
 })
-
--- A request of this meter alone counts with INCRBY first, the least a fixed window
--- can run: the TTL is set on the window's first unit (a window's key never outlives
--- its end), and a denial takes its units back (DECRBY, or DEL of the key it created),
--- so it changes nothing.
-A.fixed_window.decide = function(key, now, cost, args, pos, nl, record, out, o)
-  if cost == 0 or record ~= '' then
-    local ok, k, e, used = A.fixed_window.check(key, now, cost, args, pos, nl, record, out, o)
-    if ok then A.fixed_window.commit(key, now, cost, args, pos, nl, record, k, e, used) end
-    return ok
-  end
-  local n, p = tonumber(args[pos]), tonumber(args[pos + 1])
-  local k, e = fw_window(key, now, p, tonumber(args[pos + 3]))
-  local used = redis.call('INCRBY', k, cost) - cost
-  local ok = fw_decide(n, p, used, cost, e, now, out, o)
-  if not ok then
-    if used == 0 then redis.call('DEL', k) else redis.call('DECRBY', k, cost) end
-  elseif used == 0 then
-    redis.call('PEXPIRE', k, ttl(e - now))
-  end
-  return ok
-end

@@ -100,10 +100,14 @@ local function request(keys, k0, args, a0, server)
   local pos = a0 + 5
   local out = {now, 1}
   if m == 1 and not undo then
-    -- one meter: nothing else can deny, so it decides and charges in one step
+    -- one meter: nothing else can deny, so it is charged as soon as it allows
     local algo = A[args[pos]]
     if not algo then return unknown(args[pos]) end
-    if not algo.decide(keys[k0 + 1], now, cost, args, pos + 4, tonumber(args[pos + 3]), args[pos + 2], out, 2) and args[pos + 1] ~= '1' then
+    local key, nl, record = keys[k0 + 1], tonumber(args[pos + 3]), args[pos + 2]
+    local ok, s1, s2, s3, s4 = algo.check(key, now, cost, args, pos + 4, nl, record, out, 2)
+    if ok then
+      algo.commit(key, now, cost, args, pos + 4, nl, record, s1, s2, s3, s4)
+    elseif args[pos + 1] ~= '1' then
       out[2] = 0
     end
     return out

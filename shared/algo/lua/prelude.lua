@@ -18,9 +18,6 @@
 --   commit(key, now, cost, args, pos, nl, record, s1, s2, s3, s4) -> extra
 --     writes the charge; extra (a list of strings, or nil) is what a refund needs.
 --   writes(key, now, args, pos, nl, record) -> the keys commit may write (for undo).
---   decide(key, now, cost, args, pos, nl, record, out, o) -> allowed
---     check, then commit when allowed: a request of this meter alone. An algorithm may
---     do both with fewer commands (fixed_window); the decision is check's arithmetic.
 --   refund(key, charged_now, cost, args, pos, nl, extra, record, refund_now) undoes one
 --     charge logically, never giving back more than the charge still weighs: refill that
 --     happened since the charge already made up for part of it.
@@ -65,14 +62,8 @@ end
 -- the meter key itself: what commit writes for every algorithm of one key
 local function own_key(key) return {key} end
 
--- algorithm completes an algorithm's table: writes defaults to the meter key, decide
--- to check then commit.
+-- algorithm completes an algorithm's table: writes defaults to the meter key.
 local function algorithm(a)
   a.writes = a.writes or own_key
-  a.decide = a.decide or function(key, now, cost, args, pos, nl, record, out, o)
-    local ok, s1, s2, s3, s4 = a.check(key, now, cost, args, pos, nl, record, out, o)
-    if ok then a.commit(key, now, cost, args, pos, nl, record, s1, s2, s3, s4) end
-    return ok
-  end
   return a
 end
