@@ -287,7 +287,7 @@ func scriptSection(b *bytes.Buffer, r *results) {
 		return
 	}
 	fmt.Fprintf(b, "\n## Script cost: Redis's time per unbatched decision\n\n")
-	fmt.Fprintf(b, "Every contender on the same redis-server, one decision per call, one call at a time, the contenders interleaved over %d rounds; the figure is the median round's `INFO commandstats` script time (EVAL, EVALSHA, FCALL) per call. %q is the least a fixed window can run: its two commands in a script that decides nothing. tollgate's rows are `Store.Decide` of one limit, unbatched.\n\n", r.Meta.Rounds, minimalRow)
+	fmt.Fprintf(b, "Every contender on the same redis-server, one decision per call, in pipelines of 100, the contenders interleaved over %d rounds; the figure is the median round's `INFO commandstats` script time (EVAL, EVALSHA, FCALL) per call. %q is the least a fixed window can run: its two commands in a script that decides nothing. redis_rate's row is its own script with the arguments its `Allow` sends; tollgate's rows are the `FCALL` an unbatched decision of one limit sends.\n\n", r.Meta.Rounds, minimalRow)
 	fmt.Fprintf(b, "| contender | script µs/call | × minimal | × redis_rate | calls/decision |\n| --- | ---: | ---: | ---: | ---: |\n")
 	floor, rr := r.scriptRow(minimalRow), r.scriptRow("redis_rate")
 	for _, row := range r.Script {

@@ -45,15 +45,15 @@ var scriptCostBefore = map[string]float64{
 	"bucket_ring":    3.72,
 }
 
+// A scriptOp queues one call of a contender, for the client at index i, on pipe.
+type scriptOp func(ctx context.Context, pipe redis.Pipeliner, i int)
+
 // scriptOps returns the contenders of the script-cost section: the minimal script,
-// redis_rate, and one unbatched tollgate decision (Store.Decide, one limit) of each
-// algorithm, each on keys of its own.
-func scriptOps(e *env) ([]string, []op, error) {
+// redis_rate's script with the arguments its Allow sends, and the FCALL that an
+// unbatched tollgate decision of one limit sends, per algorithm; each on keys of its
+// own.
+func scriptOps(e *env) ([]string, []scriptOp, error) {
 	ctx := context.Background()
-	minimal := redis.NewScript("redis.call('INCRBY', KEYS[1], ARGV[1]) redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1")
-	if err := minimal.Load(ctx, e.client).Err(); err != nil {
-		return nil, nil, fmt.Errorf("bench: load the minimal script: %w", err)
-	}
 	keys := func(prefix string) []string {
 		ks := make([]string, len(e.ids))
 		for i, id := range e.ids {
@@ -61,23 +61,27 @@ func scriptOps(e *env) ([]string, []op, error) {
 		}
 		return ks
 	}
-	mk := keys("minimal")
+	minimal := redis.NewScript("redis.call('INCRBY', KEYS[1], ARGV[1]) redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1")
+	rr, err := redisRateCall()
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, sc := range []*redis.Script{minimal, rr.script} {
+		if err := sc.Load(ctx, e.client).Err(); err != nil {
+			return nil, nil, fmt.Errorf("bench: load a script: %w", err)
+		}
+	}
+	mk, rk := keys("minimal"), keys("redis_rate")
 	names := []string{minimalRow, "redis_rate"}
-	ops := []op{
-		func(ctx context.Context, i int) error {
-			return minimal.Run(ctx, e.client, mk[i:i+1], 1, 1000).Err()
+	ops := []scriptOp{
+		func(ctx context.Context, pipe redis.Pipeliner, i int) {
+			minimal.EvalSha(ctx, pipe, mk[i:i+1], 1, 1000)
+		},
+		func(ctx context.Context, pipe redis.Pipeliner, i int) {
+			rr.script.EvalSha(ctx, pipe, rk[i:i+1], rr.args...)
 		},
 	}
-	lim := redis_rate.NewLimiter(e.client)
-	rk := keys("redis_rate")
-	limit := redis_rate.Limit{Rate: 1000000, Burst: 1000000, Period: time.Second}
-	ops = append(ops, func(ctx context.Context, i int) error {
-		r, err := lim.Allow(ctx, rk[i], limit)
-		if err == nil && r.Allowed != 1 {
-			err = errors.New("redis_rate denied")
-		}
-		return err
-	})
+	decide := algo.Lua().Function(algo.EntryDecide)
 	for _, name := range algoNames() {
 		a := algo.Algorithm(name)
 		l := algo.Limit{Algorithm: a, Count: 1000000, Period: time.Second}
@@ -90,23 +94,61 @@ func scriptOps(e *env) ([]string, []op, error) {
 		if a == algo.BucketRing {
 			l.Bucket = 100 * time.Millisecond
 		}
-		meters := []algo.Meter{{Limits: []algo.Limit{l}}}
+		args := algo.DecideArgs([]algo.Meter{{Limits: []algo.Limit{l}}}, 1, 0, false)
 		ks := keys(name)
 		names = append(names, "tollgate/"+name)
-		ops = append(ops, func(ctx context.Context, i int) error {
-			o, err := e.store.Decide(ctx, algo.Check{Keys: ks[i : i+1], Meters: meters, Cost: 1})
-			if err == nil && !o.Allowed {
-				err = fmt.Errorf("tollgate %s denied", name)
-			}
-			return err
+		ops = append(ops, func(ctx context.Context, pipe redis.Pipeliner, i int) {
+			pipe.FCall(ctx, decide, ks[i:i+1], args...)
 		})
 	}
 	return names, ops, nil
 }
 
-// measureScriptCost runs n decisions of every script-cost contender per round, the
-// contenders interleaved (a different one leads each round), and reports the median
-// script time per call of each.
+// rrCall is what redis_rate's Allow sends: its script and its arguments.
+type rrCall struct {
+	script *redis.Script
+	args   []any
+}
+
+// redisRateCall asks redis_rate for one Allow on a client that answers every EVALSHA
+// with NOSCRIPT, so that go-redis falls back to EVAL with the script's source, which
+// the client keeps: the bench runs redis_rate's own script, not a copy.
+func redisRateCall() (rrCall, error) {
+	var rec scriptRecorder
+	lim := redis_rate.NewLimiter(&rec)
+	if _, err := lim.Allow(context.Background(), "k", redis_rate.Limit{Rate: 1000000, Burst: 1000000, Period: time.Second}); err != nil {
+		return rrCall{}, fmt.Errorf("bench: record redis_rate's script: %w", err)
+	}
+	if rec.src == "" {
+		return rrCall{}, errors.New("bench: redis_rate sent no script")
+	}
+	return rrCall{script: redis.NewScript(rec.src), args: rec.args}, nil
+}
+
+// scriptRecorder is a client that keeps the script and arguments of an EVAL.
+type scriptRecorder struct {
+	redis.UniversalClient // nil: redis_rate's Allow calls only EvalSha and Eval
+	src                   string
+	args                  []any
+}
+
+func (r *scriptRecorder) EvalSha(ctx context.Context, _ string, _ []string, _ ...any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx)
+	cmd.SetErr(redis.ErrNoScript)
+	return cmd
+}
+
+func (r *scriptRecorder) Eval(ctx context.Context, src string, _ []string, args ...any) *redis.Cmd {
+	r.src, r.args = src, args
+	cmd := redis.NewCmd(ctx)
+	cmd.SetVal([]any{int64(1), int64(0), "-1", "0"})
+	return cmd
+}
+
+// measureScriptCost sends n calls of every script-cost contender per round, in
+// pipelines of 100 (Redis runs them back to back, and the bench's own time stays out
+// of the figures), the contenders interleaved (a different one leads each round), and
+// reports the median script time per call of each.
 func measureScriptCost(ctx context.Context, e *env, n, rounds int, step func(string)) ([]scriptRow, error) {
 	names, ops, err := scriptOps(e)
 	if err != nil {
@@ -122,8 +164,14 @@ func measureScriptCost(ctx context.Context, e *env, n, rounds int, step func(str
 			if err != nil {
 				return nil, err
 			}
-			if err := runN(ctx, ops[i], len(e.ids), n); err != nil {
-				return nil, fmt.Errorf("bench: script cost %s: %w", names[i], err)
+			for from := 0; from < n; from += 100 {
+				pipe := e.client.Pipeline()
+				for j := from; j < min(from+100, n); j++ {
+					ops[i](ctx, pipe, j%len(e.ids))
+				}
+				if _, err := pipe.Exec(ctx); err != nil {
+					return nil, fmt.Errorf("bench: script cost %s: %w", names[i], err)
+				}
 			}
 			after, err := readRedisStats(ctx, e.client)
 			if err != nil {
@@ -141,18 +189,6 @@ func measureScriptCost(ctx context.Context, e *env, n, rounds int, step func(str
 		rows[i] = scriptRow{Name: names[i], CallsPerOp: calls[i] / float64(rounds), UsecPerCall: median(usec[i])}
 	}
 	return rows, nil
-}
-
-// runN makes n decisions one after the other, on clients round robin: with nothing
-// else in flight, Redis is not preempted by the bench's own goroutines in the middle
-// of a call (commandstats counts wall time), which on two CPUs skews the figures.
-func runN(ctx context.Context, o op, clients, n int) error {
-	for j := range n {
-		if err := o(ctx, j%clients); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func median(xs []float64) float64 {

@@ -78,7 +78,7 @@ func (s *Store) Close() error {
 }
 
 // Decide decides every meter of c together. On one node (or when every key shares a
-// cluster slot) it is one script: all meters are checked, then charged only if none
+// cluster slot) it is one call: all meters are checked, then charged only if none
 // denies. When the keys of a cluster request fall in several slots, the slots are
 // charged one after the other; when a later slot denies, the slots already charged are
 // refunded, so the request is never admitted in part. Between the charge and its
