@@ -13,31 +13,35 @@ local tat_slack = 1
 -- times derived from a TAT are rounded up after taking off its quarter-microsecond grid
 local function ceil_tat(x) return ceil_us(x - 0.25) end
 
--- gcra_check decides; shape (leaky_bucket) reports the wait before the TAT as delay.
--- It returns allowed and the new TAT - now, which commit writes.
-local function gcra_check(key, now, cost, args, pos, out, o, shape)
-  local n, p, b = tonumber(args[pos]), tonumber(args[pos + 1]), tonumber(args[pos + 2])
-  local t = p / n
-  local rel = 0
-  local v = redis.call('GET', key)
-  if v then rel = max(0, tonumber(v) - now) end
-  local new_rel = rel + cost * t
-  local burst = b * t
-  if new_rel > burst + tat_slack then
-    local retry = p
-    if cost <= b then retry = ceil_tat(new_rel - burst) end
-    put(out, o, 0, max(0, floor((burst - rel + tat_slack) / t)), ceil_tat(rel), retry, 0)
-    return false
+-- gcra_check returns gcra's check, or with shape leaky_bucket's, which reports the
+-- wait before the TAT as delay. It returns allowed, the new TAT - now and the reset,
+-- which commit writes.
+local function gcra_check(shape)
+  return function(key, now, cost, args, pos, nl, record, out, o)
+    local n, p, b = tonumber(args[pos]), tonumber(args[pos + 1]), tonumber(args[pos + 2])
+    local t = p / n
+    local rel = 0
+    local v = redis.call('GET', key)
+    if v then rel = max(0, tonumber(v) - now) end
+    local new_rel = rel + cost * t
+    local burst = b * t
+    if new_rel > burst + tat_slack then
+      local retry = p
+      if cost <= b then retry = ceil_tat(new_rel - burst) end
+      put(out, o, 0, max(0, floor((burst - rel + tat_slack) / t)), ceil_tat(rel), retry, 0)
+      return false
+    end
+    local delay, reset = 0, ceil_tat(new_rel)
+    if shape then delay = ceil_tat(rel) end
+    put(out, o, 1, max(0, floor((burst - new_rel + tat_slack) / t)), reset, 0, delay)
+    return true, new_rel, reset
   end
-  local delay = 0
-  if shape then delay = ceil_tat(rel) end
-  put(out, o, 1, max(0, floor((burst - new_rel + tat_slack) / t)), ceil_tat(new_rel), 0, delay)
-  return true, new_rel
 end
 
-local function gcra_commit(key, now, cost, args, pos, nl, record, new_rel)
-  -- the key lives until the reset reported (the TAT on the quarter-microsecond grid)
-  if cost > 0 then redis.call('SET', key, num(now + new_rel), 'PX', ttl(ceil_tat(new_rel))) end
+-- gcra_commit writes the TAT; the key lives until the reset reported (the TAT on the
+-- quarter-microsecond grid).
+local function gcra_commit(key, now, cost, args, pos, nl, record, new_rel, reset)
+  if cost > 0 then redis.call('SET', key, num(now + new_rel), 'PX', ttl(reset)) end
 end
 
 local function gcra_refund(key, now, cost, args, pos, nl, extra, record, refund_now)
@@ -53,13 +57,7 @@ end
 
 -- gcra_meter is the algorithm table of gcra, or with shape of leaky_bucket.
 local function gcra_meter(shape)
-  return algorithm({
-    check = function(key, now, cost, args, pos, nl, record, out, o)
-      return gcra_check(key, now, cost, args, pos, out, o, shape)
-    end,
-    commit = gcra_commit,
-    refund = gcra_refund,
-  })
+  return algorithm({check = gcra_check(shape), commit = gcra_commit, refund = gcra_refund})
 end
 
 A.gcra = gcra_meter(false)
