@@ -41,11 +41,9 @@ type Library struct {
 	body string
 }
 
-// Lua returns tollgate's Lua library.
-func Lua() Library { return lua }
-
-// lua is built once: the embedded files never change.
-var lua = func() Library {
+// Lua returns tollgate's Lua library, built from the embedded files (a store builds it
+// once; nothing is built in a program that never asks, such as the Envoy filter).
+func Lua() Library {
 	var b strings.Builder
 	for _, name := range luaOrder {
 		src, err := luaFiles.ReadFile("lua/" + name + ".lua")
@@ -59,7 +57,7 @@ var lua = func() Library {
 	}
 	sum := sha1.Sum([]byte(b.String()))
 	return Library{Name: "tollgate_" + hex.EncodeToString(sum[:6]), body: b.String()}
-}()
+}
 
 // Function returns the name of entry e's function in the library, for FCALL.
 func (l Library) Function(e Entry) string { return l.Name + "_" + string(e) }
