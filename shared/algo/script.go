@@ -90,30 +90,8 @@ func appendMeterArgs(dst []any, m Meter) []any {
 	if m.Shadow {
 		shadow = "1"
 	}
-	dst = append(dst, m.Algorithm().arg(), shadow, m.Record, int64(len(m.Limits)))
+	dst = append(dst, string(m.Algorithm()), shadow, m.Record, int64(len(m.Limits)))
 	return appendLimitArgs(dst, m)
-}
-
-// arg returns a's name as an argument: a constant in an interface, which costs no
-// allocation where a variable would (BenchmarkDecide reports allocations).
-func (a Algorithm) arg() any {
-	switch a {
-	case FixedWindow:
-		return string(FixedWindow)
-	case SlidingLog:
-		return string(SlidingLog)
-	case SlidingWindow:
-		return string(SlidingWindow)
-	case TokenBucket:
-		return string(TokenBucket)
-	case LeakyBucket:
-		return string(LeakyBucket)
-	case GCRA:
-		return string(GCRA)
-	case BucketRing:
-		return string(BucketRing)
-	}
-	return string(a)
 }
 
 func appendLimitArgs(dst []any, m Meter) []any {
@@ -325,7 +303,7 @@ func RefundCall(meters []Meter, keys []string, undo []Undo, charged, refundNow, 
 	args := []any{charged, now, cost, int64(len(undo))}
 	for _, u := range undo {
 		m := meters[u.Meter]
-		args = append(args, m.Algorithm().arg(), m.Record, int64(len(m.Limits)))
+		args = append(args, string(m.Algorithm()), m.Record, int64(len(m.Limits)))
 		args = appendLimitArgs(args, m)
 		ks = append(ks, keys[u.Meter])
 		ks = append(ks, u.Keys...)
