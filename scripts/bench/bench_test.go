@@ -50,7 +50,7 @@ func TestQuickRun(t *testing.T) {
 		}
 	}
 	report, _ := os.ReadFile(filepath.Join(cfg.Out, "report.md"))
-	for _, want := range []string{"## Targets", "redis_rate", "engine+batch/gcra", "denied/deny-cache", "MEMORY USAGE"} {
+	for _, want := range []string{"## Targets", "redis_rate", "engine+batch/gcra", "denied/deny-cache", "MEMORY USAGE", "## Script cost"} {
 		if !strings.Contains(string(report), want) {
 			t.Errorf("report.md lacks %q", want)
 		}

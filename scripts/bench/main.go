@@ -42,6 +42,7 @@ type config struct {
 	Rounds      int           // interleaved rounds per cell (-rounds)
 	Only        string        // regexp on subject names (-only)
 	FilterReqs  int           // requests per filter benchmark (-filter-requests); 0 skips the filter
+	ScriptReqs  int           // decisions per contender and round of the script-cost section (-script-requests); 0 skips it
 	FilterStart int           // VM starts of the filter's start benchmark
 	Quick       bool          // smoke run (-quick)
 	Render      string        // re-render the report from this results.json (-render)
@@ -60,6 +61,7 @@ func defaultConfig() config {
 		MemClients:  100000,
 		FilterReqs:  100000,
 		FilterStart: 20,
+		ScriptReqs:  20000,
 	}
 }
 
@@ -74,6 +76,7 @@ func (c *config) quick() {
 	c.MemClients = 2000
 	c.FilterReqs = 100
 	c.FilterStart = 2
+	c.ScriptReqs = 200
 }
 
 // loadConfig reads the environment through getenv, then the flags in args.
@@ -92,8 +95,9 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	clients := fs.Int("clients", 0, "distinct clients (default 10000)")
 	mem := fs.Int("mem-clients", 0, "clients per algorithm in the memory runs (default 100000)")
 	freqs := fs.Int("filter-requests", -1, "requests per benchmark of the Envoy filter (default 100000; 0 skips the filter)")
+	sreqs := fs.Int("script-requests", -1, "decisions per contender and round of the script-cost section (default 20000; 0 skips it)")
 	fs.StringVar(&c.Render, "render", "", "write the report from this results.json instead of measuring")
-	fs.StringVar(&c.Only, "only", "", "run only the subjects whose name matches this regexp (memory: \"memory\")")
+	fs.StringVar(&c.Only, "only", "", "run only the subjects whose name matches this regexp (memory: \"memory\", script cost: \"script\")")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -119,6 +123,9 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	}
 	if *freqs >= 0 {
 		c.FilterReqs = *freqs
+	}
+	if *sreqs >= 0 {
+		c.ScriptReqs = *sreqs
 	}
 	if *conc != "" {
 		c.Conc = nil
@@ -194,6 +201,7 @@ type results struct {
 	Subjects []subjectInfo `json:"subjects"`
 	Cells    []cell        `json:"cells"`
 	Memory   []memRow      `json:"memory"`
+	Script   []scriptRow   `json:"script_cost,omitempty"`
 	Filter   []filterRow   `json:"filter,omitempty"`
 }
 
@@ -289,6 +297,10 @@ func run(ctx context.Context, cfg config, progressOut io.Writer) (*results, erro
 	if withFilter {
 		total += 2
 	}
+	withScript := cfg.ScriptReqs > 0 && (only == nil || only.MatchString("script"))
+	if withScript {
+		total += (len(algoNames()) + 2) * cfg.Rounds
+	}
 	prog := newProgress(progressOut, total)
 	defer prog.finish()
 
@@ -348,6 +360,13 @@ func run(ctx context.Context, cfg config, progressOut io.Writer) (*results, erro
 		}
 	}
 	e.prefix = ""
+	if withScript {
+		rows, err := measureScriptCost(ctx, e, cfg.ScriptReqs, cfg.Rounds, prog.step)
+		if err != nil {
+			return nil, err
+		}
+		res.Script = rows
+	}
 	if withMemory {
 		rows, err := measureMemory(ctx, e, cfg.MemClients, prog.step)
 		if err != nil {

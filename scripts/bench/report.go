@@ -253,6 +253,8 @@ func reportMarkdown(r *results) []byte {
 	for _, t := range r.targets() {
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", t.Goal, t.Measured, t.Status)
 	}
+	scriptSection(&b, r)
+
 	fmt.Fprintf(&b, "\n## Throughput, %d distinct clients\n\n![decisions per second](throughput.svg)\n\n", m.Clients)
 	summaryTable(&b, r, distinct)
 
@@ -276,6 +278,25 @@ func reportMarkdown(r *results) []byte {
 		fmt.Fprintf(&b, "- **%s**: %s.\n", s.Name, s.Desc)
 	}
 	return b.Bytes()
+}
+
+// scriptSection shows what Redis spends on one unbatched decision (issue 14): script
+// time per call beside a minimal script of fixed_window's commands and redis_rate.
+func scriptSection(b *bytes.Buffer, r *results) {
+	if len(r.Script) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "\n## Script cost: Redis's time per unbatched decision\n\n")
+	fmt.Fprintf(b, "Every contender on the same redis-server, one decision per call, in pipelines of 100, the contenders interleaved over %d rounds; the figure is the median round's `INFO commandstats` script time (EVAL, EVALSHA, FCALL) per call. %q is the least a fixed window can run: its two commands in a script that decides nothing. redis_rate's row is its own script with the arguments its `Allow` sends; tollgate's rows are the `FCALL` an unbatched decision of one limit sends.\n\n", r.Meta.Rounds, minimalRow)
+	fmt.Fprintf(b, "| contender | script µs/call | × minimal | × redis_rate | calls/decision |\n| --- | ---: | ---: | ---: | ---: |\n")
+	floor, rr := r.scriptRow(minimalRow), r.scriptRow("redis_rate")
+	for _, row := range r.Script {
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", row.Name, f2(row.UsecPerCall), f2(row.UsecPerCall/floor.UsecPerCall), f2(row.UsecPerCall/rr.UsecPerCall), f2(row.CallsPerOp))
+	}
+	fmt.Fprintf(b, "\n| goal | measured | result |\n| --- | --- | --- |\n")
+	for _, t := range r.scriptTargets() {
+		fmt.Fprintf(b, "| %s | %s | %s |\n", t.Goal, t.Measured, t.Status)
+	}
 }
 
 // batchingTable shows what automatic batching does to one gcra limit: today's store

@@ -34,7 +34,7 @@ type cell struct {
 	// Go heap allocations per decision, the whole process (HTTP: client and server).
 	AllocsPerOp float64 `json:"allocs_per_decision"`
 	BytesPerOp  float64 `json:"bytes_per_decision"`
-	// Redis script calls (EVALSHA + EVAL) per decision, and Redis's own time per call
+	// Redis script calls (EVALSHA, EVAL, FCALL, FCALL_RO) per decision, and Redis's own time per call
 	// (INFO commandstats usec/calls).
 	CallsPerOp  float64 `json:"redis_calls_per_decision"`
 	UsecPerCall float64 `json:"redis_usec_per_call"`
@@ -62,7 +62,7 @@ func readRedisStats(ctx context.Context, c redis.UniversalClient) (redisStats, e
 			continue
 		}
 		switch name {
-		case "cmdstat_evalsha", "cmdstat_eval":
+		case "cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall", "cmdstat_fcall_ro":
 			for _, kv := range strings.Split(rest, ",") {
 				k, v, _ := strings.Cut(kv, "=")
 				f, _ := strconv.ParseFloat(v, 64)

@@ -7,7 +7,7 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/algo"
 )
 
-// The per-decision work of the decision script's Go side: the key, the arguments,
+// The per-decision work of the decide entry's Go side: the key, the arguments,
 // the reply, the headers. Run with -benchmem: every allocation here is paid on every
 // decision.
 

@@ -1,105 +1,96 @@
 package algo
 
 import (
+	"crypto/sha1"
 	"embed"
+	"encoding/hex"
 	"fmt"
-	"strconv"
+	"strings"
 	"time"
 )
 
 //go:embed lua/*.lua
 var luaFiles embed.FS
 
-// luaOrder is the order in which the script files are concatenated: helpers, the
-// algorithms, then the entry point. The decision script starts with fast.lua.
-var luaOrder = []string{"prelude", "fixed_window", "sliding_log", "sliding_window", "token_bucket", "gcra", "leaky_bucket", "bucket_ring"}
+// luaOrder is the order in which the Lua files are joined into one source: helpers,
+// the algorithms, then the entry points.
+var luaOrder = []string{"prelude", "fixed_window", "sliding_log", "sliding_window", "token_bucket", "gcra", "leaky_bucket", "bucket_ring", "library"}
 
-func luaSource(entry string) string { return luaSourceFor(AllAlgorithms, entry) }
+// An Entry is one entry point of the Lua library (see lua/library.lua).
+type Entry string
 
-// An AlgorithmSet is a set of algorithms: bit i stands for Algorithms[i].
-type AlgorithmSet uint8
+// The entry points of the Lua library.
+const (
+	// EntryDecide decides every meter of one request, all-or-nothing.
+	EntryDecide Entry = "decide"
+	// EntryMany decides several independent requests in one call.
+	EntryMany Entry = "many"
+	// EntryRefund gives back the charges of a decide call made with undo data.
+	EntryRefund Entry = "refund"
+)
 
-// AllAlgorithms is the set of every algorithm of the catalogue.
-const AllAlgorithms AlgorithmSet = 1<<7 - 1
+// Entries lists every entry point of the Lua library.
+var Entries = []Entry{EntryDecide, EntryMany, EntryRefund}
 
-// SetOf returns the set of the algorithms of meters.
-func SetOf(meters []Meter) AlgorithmSet {
-	var s AlgorithmSet
-	for _, m := range meters {
-		for i, a := range Algorithms {
-			if m.Algorithm() == a {
-				s |= 1 << i
-			}
-		}
-	}
-	return s
+// A Library is tollgate's Lua: every algorithm once, and the entry points that run
+// them. A Library is immutable.
+type Library struct {
+	// Name is the library's name, "tollgate_" and a digest of its code, so that two
+	// versions of tollgate on one Redis each call their own functions.
+	Name string
+	body string
 }
 
-func (s AlgorithmSet) has(a Algorithm) bool {
-	for i, b := range Algorithms {
-		if a == b {
-			return s&(1<<i) != 0
-		}
-	}
-	return false
-}
-
-// DecideScriptFor returns the decision script with the Lua of the algorithms in set
-// only (and of those they build on: leaky_bucket needs gcra's), so that Redis does not
-// define every algorithm's functions on every call. A meter of another algorithm
-// fails with "unknown algorithm", unless fast.lua's flat path (which every decision
-// script starts with) decides it. DecideScriptFor(AllAlgorithms) is DecideScript().
-func DecideScriptFor(set AlgorithmSet) string { return luaSourceFor(set, "decide") }
-
-func luaSourceFor(set AlgorithmSet, entry string) string {
-	var src []byte
-	var names []string
+// Lua returns tollgate's Lua library, built from the embedded files (a store builds it
+// once; nothing is built in a program that never asks, such as the Envoy filter).
+func Lua() Library {
+	var b strings.Builder
 	for _, name := range luaOrder {
-		a := Algorithm(name)
-		if name == "prelude" || set.has(a) || a == GCRA && set.has(LeakyBucket) {
-			names = append(names, name)
-		}
-	}
-	if entry == "decide" {
-		// The flat path of the common request runs before any function is defined.
-		names = append([]string{"fast"}, names...)
-	}
-	for _, name := range append(names, entry) {
-		b, err := luaFiles.ReadFile("lua/" + name + ".lua")
+		src, err := luaFiles.ReadFile("lua/" + name + ".lua")
 		if err != nil {
 			// The files are embedded at build time; a missing one is a build defect.
 			panic("algo: missing embedded script " + name + ".lua")
 		}
-		src = append(src, "-- "+name+".lua\n"...)
-		src = append(src, b...)
-		src = append(src, '\n')
+		b.WriteString("-- " + name + ".lua\n")
+		b.Write(src)
+		b.WriteString("\n")
 	}
-	return string(src)
+	sum := sha1.Sum([]byte(b.String()))
+	return Library{Name: "tollgate_" + hex.EncodeToString(sum[:6]), body: b.String()}
 }
 
-// DecideScript returns the Lua source of the decision script: every meter of one
-// request, checked then charged all-or-nothing. See lua/decide.lua for its KEYS, ARGV
-// and reply; DecideArgs and ParseDecideReply encode and decode them.
-func DecideScript() string { return luaSource("decide") }
+// Function returns the name of entry e's function in the library, for FCALL.
+func (l Library) Function(e Entry) string { return l.Name + "_" + string(e) }
 
-// DecideManyScript returns the Lua source of the script that decides several
-// independent requests in one call, each as the decision script would. See
-// lua/many.lua for its KEYS, ARGV and reply.
-func DecideManyScript() string {
-	many, err := luaFiles.ReadFile("lua/many.lua")
-	if err != nil {
-		panic("algo: missing embedded script many.lua")
+// FunctionSource returns the library's source for FUNCTION LOAD: the code, then one
+// redis.register_function per entry point.
+func (l Library) FunctionSource() string {
+	var b strings.Builder
+	b.WriteString("#!lua name=" + l.Name + "\n")
+	b.WriteString(l.body)
+	for _, e := range Entries {
+		fmt.Fprintf(&b, "redis.register_function('%s', E.%s)\n", l.Function(e), e)
 	}
-	return "local function decide(KEYS, ARGV)\n" + DecideScript() + "end\n-- many.lua\n" + string(many)
+	return b.String()
 }
 
-// RefundScript returns the Lua source of the refund script, which undoes a charge made
-// by the decision script with undo on. See lua/refund.lua.
-func RefundScript() string { return luaSource("refund") }
+// Script returns the source of a script that runs entry e with its KEYS and ARGV: the
+// library's code, then a call of the entry, for EVAL and EVALSHA where the server has
+// no Redis Functions. Such a script defines every function again on every call.
+func (l Library) Script(e Entry) string {
+	return l.body + "return E." + string(e) + "(KEYS, ARGV)\n"
+}
 
-// AppendMeterArgs appends the decision script's ARGV for one meter to dst.
-func AppendMeterArgs(dst []any, m Meter) []any {
-	dst = append(dst, string(m.Algorithm()), boolArg(m.Shadow), m.Record, strconv.Itoa(len(m.Limits)))
+// Arguments are built here only, for every entry point: numbers go as int64, which
+// go-redis writes into its buffer without formatting a string first.
+
+// appendMeterArgs appends decide's ARGV for one meter to dst.
+func appendMeterArgs(dst []any, m Meter) []any {
+	var shadow any = "0" // a constant in an interface: no allocation (BenchmarkDecide)
+	if m.Shadow {
+		shadow = "1"
+	}
+	dst = append(dst, string(m.Algorithm()), shadow, m.Record, int64(len(m.Limits)))
 	return appendLimitArgs(dst, m)
 }
 
@@ -113,35 +104,53 @@ func appendLimitArgs(dst []any, m Meter) []any {
 		if l.WindowStartMicros != 0 {
 			fourth = l.WindowStartMicros
 		}
-		dst = append(dst, strconv.FormatInt(l.Count, 10), strconv.FormatInt(micros(l.Period), 10),
-			strconv.FormatInt(l.Capacity(), 10), strconv.FormatInt(fourth, 10))
+		dst = append(dst, l.Count, micros(l.Period), l.Capacity(), fourth)
 	}
 	return dst
 }
 
-func boolArg(b bool) string {
-	if b {
-		return "1"
+// AppendDecideArgs appends to dst the ARGV of the library's decide entry for c, with
+// or without undo data (see lua/library.lua).
+func AppendDecideArgs(dst []any, c Check, undo bool) []any {
+	var now any = ""
+	if c.NowMicros != 0 {
+		now = c.NowMicros
 	}
-	return "0"
+	var u any = "0"
+	if undo {
+		u = "1"
+	}
+	dst = append(dst, now, c.Cost, u, int64(len(c.Meters)))
+	for _, m := range c.Meters {
+		dst = appendMeterArgs(dst, m)
+	}
+	return dst
 }
 
-// DecideArgs returns the decision script's ARGV for meters, a request of cost units, at
-// now in Unix microseconds (0: the Redis server's clock), with or without undo data.
+// DecideArgs returns the ARGV of the library's decide entry for meters, a request of
+// cost units, at now in Unix microseconds (0: the Redis server's clock), with or
+// without undo data.
 func DecideArgs(meters []Meter, cost int64, now int64, undo bool) []any {
-	args := make([]any, 0, 4+len(meters)*8)
-	nowArg := ""
-	if now != 0 {
-		nowArg = strconv.FormatInt(now, 10)
-	}
-	args = append(args, nowArg, strconv.FormatInt(cost, 10), boolArg(undo), strconv.Itoa(len(meters)))
-	for _, m := range meters {
-		args = AppendMeterArgs(args, m)
-	}
-	return args
+	return AppendDecideArgs(make([]any, 0, 4+len(meters)*8), Check{Meters: meters, Cost: cost, NowMicros: now}, undo)
 }
 
-// A Reply is the decoded answer of the decision script.
+// ManyCall returns the KEYS and ARGV of the library's many entry for checks, each
+// decided without undo data: every check's keys, then the request count and per check
+// its key count, its argument count and decide's ARGV.
+func ManyCall(checks []Check) ([]string, []any) {
+	var keys []string
+	args := []any{int64(len(checks))}
+	for _, c := range checks {
+		keys = append(keys, c.Keys...)
+		at := len(args)
+		args = append(args, int64(len(c.Keys)), nil)
+		args = AppendDecideArgs(args, c, false)
+		args[at+1] = int64(len(args) - at - 2)
+	}
+	return keys, args
+}
+
+// A Reply is the decoded answer of the library's decide entry.
 type Reply struct {
 	// NowMicros is the time the script decided at, in Unix microseconds.
 	NowMicros int64
@@ -153,7 +162,7 @@ type Reply struct {
 	Undo []Undo
 }
 
-// Undo is what the refund script needs to give back one meter's charge.
+// Undo is what the library's refund entry needs to give back one meter's charge.
 type Undo struct {
 	Meter     int      // index of the meter in the call
 	Keys      []string // the keys the charge wrote
@@ -186,7 +195,7 @@ func decisionSlices(meters []Meter) [][]Decision {
 	return out
 }
 
-// ParseDecideReply decodes the decision script's reply for meters. Elements must be
+// ParseDecideReply decodes the decide entry's reply for meters. Elements must be
 // int64 or string, as go-redis returns them.
 func ParseDecideReply(v any, meters []Meter) (Reply, error) {
 	arr, ok := v.([]any)
@@ -238,7 +247,7 @@ func ParseDecideReply(v any, meters []Meter) (Reply, error) {
 	return rep, nil
 }
 
-// ParseDecideInts decodes the reply of a decision script called without undo data,
+// ParseDecideInts decodes the reply of the decide entry called without undo data,
 // read as integers (go-redis's IntSliceCmd): the same reply as ParseDecideReply's
 // without boxing each element.
 func ParseDecideInts(vals []int64, meters []Meter) (Reply, error) {
@@ -280,29 +289,29 @@ func decodeDecisions(vals []int64, meters []Meter) Reply {
 	return rep
 }
 
-// RefundCall returns the refund script's KEYS and ARGV that give back the charges in
+// RefundCall returns the refund entry's KEYS and ARGV that give back the charges in
 // undo, made at charged (Unix microseconds) for a request of cost units; refundNow is
 // the time of the refund (0: the server's clock), from which the script reckons the
 // refill that already made up for part of a charge. keys are the meters' keys, as
-// passed to the decision script.
+// passed to the decide entry.
 func RefundCall(meters []Meter, keys []string, undo []Undo, charged, refundNow, cost int64) ([]string, []any) {
 	var ks []string
-	nowArg := ""
+	var now any = ""
 	if refundNow != 0 {
-		nowArg = strconv.FormatInt(refundNow, 10)
+		now = refundNow
 	}
-	args := []any{strconv.FormatInt(charged, 10), nowArg, strconv.FormatInt(cost, 10), strconv.Itoa(len(undo))}
+	args := []any{charged, now, cost, int64(len(undo))}
 	for _, u := range undo {
 		m := meters[u.Meter]
-		args = append(args, string(m.Algorithm()), m.Record, strconv.Itoa(len(m.Limits)))
+		args = append(args, string(m.Algorithm()), m.Record, int64(len(m.Limits)))
 		args = appendLimitArgs(args, m)
 		ks = append(ks, keys[u.Meter])
 		ks = append(ks, u.Keys...)
-		args = append(args, strconv.Itoa(len(u.Keys)))
+		args = append(args, int64(len(u.Keys)))
 		for k := range u.Keys {
-			args = append(args, u.Before[k], strconv.FormatInt(u.ExpiresMs[k], 10), u.After[k])
+			args = append(args, u.Before[k], u.ExpiresMs[k], u.After[k])
 		}
-		args = append(args, strconv.Itoa(len(u.Extra)))
+		args = append(args, int64(len(u.Extra)))
 		for _, e := range u.Extra {
 			args = append(args, e)
 		}

@@ -51,7 +51,7 @@ type Options struct {
 	// Admin serves the admin endpoints; required when AdminToken is set.
 	Admin Admin
 	// Ready is an extra readiness check, beside the engine's Health, which already
-	// checks every node of the store through its breaker and loads the scripts. Do not
+	// checks every node of the store through its breaker and loads the Lua library. Do not
 	// pass a node store's Ping: both checks would go through the same breakers, and
 	// the one that lost a breaker's single probe would report it open.
 	Ready func(ctx context.Context) error

@@ -34,7 +34,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 14),
 		}),
 		redis: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "tollgate_redis_seconds", Help: "Latency of one store round trip (the decision script).",
+			Name: "tollgate_redis_seconds", Help: "Latency of one store round trip (the decision call).",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 14),
 		}),
 		redisErrors: prometheus.NewCounter(prometheus.CounterOpts{

@@ -140,7 +140,7 @@ func TestAllOrNothingCluster(t *testing.T) {
 	}
 }
 
-// TestRefundLogicalInverse exercises refund.lua's second path, the one taken when
+// TestRefundLogicalInverse exercises the refund entry's second path, the one taken when
 // another request wrote A between a charge and its refund: A is charged with undo
 // data (cost 2 at t1), charged again normally (cost 3 at t2), and the first charge is
 // refunded. A must then decide exactly as a fresh Go model that saw only the second
@@ -151,8 +151,8 @@ func TestRefundLogicalInverse(t *testing.T) {
 	srv := redistest.StartServer(t)
 	client := srv.Client(t)
 	ctx := context.Background()
-	decide := redis.NewScript(algo.DecideScript())
-	refund := redis.NewScript(algo.RefundScript())
+	lua := loadLua(t, client)
+	decide, refund := lua.Function(algo.EntryDecide), lua.Function(algo.EntryRefund)
 	const period = 10 * time.Second
 	p := period.Microseconds()
 	// t1 is 1 s into a 10 s window (and into a 1 s bucket of the ring).
@@ -177,7 +177,7 @@ func TestRefundLogicalInverse(t *testing.T) {
 				const c1, c2 = 2, 3
 				t2 := t1 + tc.gap
 
-				v, err := decide.Run(ctx, client, keys, algo.DecideArgs(meters, c1, t1, true)...).Result()
+				v, err := client.FCall(ctx, decide, keys, algo.DecideArgs(meters, c1, t1, true)...).Result()
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -188,7 +188,7 @@ func TestRefundLogicalInverse(t *testing.T) {
 				if !first.Allowed || len(first.Undo) != 1 {
 					t.Fatalf("first charge: allowed %v, %d undo records, want allowed with 1", first.Allowed, len(first.Undo))
 				}
-				v, err = decide.Run(ctx, client, keys, algo.DecideArgs(meters, c2, t2, false)...).Result()
+				v, err = client.FCall(ctx, decide, keys, algo.DecideArgs(meters, c2, t2, false)...).Result()
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -196,7 +196,7 @@ func TestRefundLogicalInverse(t *testing.T) {
 					t.Fatalf("second charge: allowed %v, %v, want allowed", second.Allowed, err)
 				}
 				rkeys, rargs := algo.RefundCall(meters, keys, first.Undo, first.NowMicros, t2, c1)
-				exact, err := refund.Run(ctx, client, rkeys, rargs...).Int64()
+				exact, err := client.FCall(ctx, refund, rkeys, rargs...).Int64()
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -246,7 +246,7 @@ func safeDecide(ctx context.Context, store *redisstore.Store, c algo.Check) (o a
 	return store.Decide(ctx, c)
 }
 
-// TestDecideUndoMeterIndex checks the meter index of the decision script's undo
+// TestDecideUndoMeterIndex checks the meter index of the decide entry's undo
 // records, which RefundCall uses to index the call's meters: with undo on, each
 // charged meter's record must carry its index in the call, 0-based as Undo.Meter
 // documents ("index of the meter in the call").
@@ -255,7 +255,7 @@ func TestDecideUndoMeterIndex(t *testing.T) {
 	srv := redistest.StartServer(t)
 	client := srv.Client(t)
 	ctx := context.Background()
-	decide := redis.NewScript(algo.DecideScript())
+	decide := loadLua(t, client).Function(algo.EntryDecide)
 	now := serverTime(t, client)
 	tests := []struct {
 		name   string
@@ -270,7 +270,7 @@ func TestDecideUndoMeterIndex(t *testing.T) {
 			for i := range tt.meters {
 				keys = append(keys, algo.Key("undo:", "client-1", tt.name, "", strconv.Itoa(i)))
 			}
-			v, err := decide.Run(ctx, client, keys, algo.DecideArgs(tt.meters, 1, now, true)...).Result()
+			v, err := client.FCall(ctx, decide, keys, algo.DecideArgs(tt.meters, 1, now, true)...).Result()
 			if err != nil {
 				t.Fatal(err)
 			}

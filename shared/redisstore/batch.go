@@ -5,12 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/breaker"
@@ -26,7 +23,7 @@ const (
 type BatchConfig struct {
 	// MaxBatch is the most requests sent in one batch (default 64). A queue that
 	// reaches it goes out at once, even while another batch is in flight. 1 turns
-	// batching off: every request is its own EVALSHA, as with Store.Decide.
+	// batching off: every request is its own call, as with Store.Decide.
 	MaxBatch int
 	// MaxWait bounds how long a queued request waits for the round trip in flight
 	// ahead of it before its queue goes out as a batch of its own (default 50µs). A
@@ -38,9 +35,9 @@ type BatchConfig struct {
 // are in flight to Redis together. A lone request goes out at once; only when a round
 // trip is already under way do arriving requests queue, and the queue goes out when
 // that round trip ends, when it holds MaxBatch requests, or after MaxWait, whichever
-// comes first. On a standalone Redis a batch is one EVALSHA of the many-request script
-// (algo.DecideManyScript); on a cluster it is one pipeline per node of one EVALSHA per
-// request. Either way each request is decided all-or-nothing on its own, with its own
+// comes first. On a standalone Redis a batch is one call of the Lua library's many
+// entry (algo.EntryMany); on a cluster it is one pipeline per node of one decide call
+// per request. Either way each request is decided all-or-nothing on its own, with its own
 // reply or error; only the round trip is shared. A request whose keys span several
 // cluster slots bypasses the batcher and takes Store.Decide (with its refunds).
 //
@@ -53,7 +50,6 @@ type Batcher struct {
 	store    *Store
 	maxBatch int
 	maxWait  time.Duration
-	args     argCache
 	calls    sync.Pool
 
 	mu       sync.Mutex
@@ -65,11 +61,8 @@ type Batcher struct {
 // call is one queued request.
 type call struct {
 	check    algo.Check
-	node     string             // the node that holds its keys
-	deadline time.Time          // zero: none
-	args     []any              // the EVALSHA command, reused between calls
-	cmd      *redis.IntSliceCmd // the EVALSHA in a pipeline
-	eval     *redis.Cmd         // the EVAL that replaced it after a NOSCRIPT
+	node     string    // the node that holds its keys
+	deadline time.Time // zero: none
 	out      algo.Outcome
 	err      error
 	done     chan struct{} // receives once the outcome is set
@@ -194,14 +187,10 @@ func (b *Batcher) decide(ctx context.Context, c algo.Check, node string) (algo.O
 
 // lone sends one request on its own.
 func (b *Batcher) lone(ctx context.Context, c algo.Check) (algo.Outcome, error) {
-	vals, err := evalsha(ctx, b.store.client, &b.args, b.store.scriptFor(c.Meters).hash, c)
-	if isNoScript(err) {
-		return b.store.run(ctx, c, false)
-	}
-	return outcomeInts(vals, err, c)
+	return b.store.run(ctx, c, false)
 }
 
-// outcome decodes a decision script's reply to c.
+// outcome decodes the decide entry's reply to c.
 func outcome(v any, err error, c algo.Check) (algo.Outcome, error) {
 	if err != nil {
 		return algo.Outcome{}, runError(c, err)
@@ -210,24 +199,15 @@ func outcome(v any, err error, c algo.Check) (algo.Outcome, error) {
 	return fromReply(rep, err, c)
 }
 
-// outcomeInts decodes a decision script's reply to c, read as integers.
-func outcomeInts(vals []int64, err error, c algo.Check) (algo.Outcome, error) {
-	if err != nil {
-		return algo.Outcome{}, runError(c, err)
-	}
-	rep, err := algo.ParseDecideInts(vals, c.Meters)
-	return fromReply(rep, err, c)
-}
-
-// runError is the error of a decision script for c that did not answer.
+// runError is the error of a decide call for c that did not answer.
 func runError(c algo.Check, err error) error {
-	return fmt.Errorf("redisstore: run decision script for %q: %w", c.Keys[0], err)
+	return fmt.Errorf("redisstore: decide %q: %w", c.Keys[0], err)
 }
 
 // fromReply is the outcome of c from its parsed reply, or the parse error.
 func fromReply(rep algo.Reply, err error, c algo.Check) (algo.Outcome, error) {
 	if err != nil {
-		return algo.Outcome{}, fmt.Errorf("redisstore: decision script for %q: %w", c.Keys[0], err)
+		return algo.Outcome{}, fmt.Errorf("redisstore: decide %q: reply: %w", c.Keys[0], err)
 	}
 	return rep.Outcome(), nil
 }
@@ -332,74 +312,34 @@ func byNode(batch []*call) [][]*call {
 func (b *Batcher) flushNode(batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
-	for _, cl := range batch {
-		cl.args = b.args.command(cl.args[:0], b.store.scriptFor(cl.check.Meters).hash, cl.check)
-		cl.cmd = redis.NewIntSliceCmd(ctx, cl.args...)
-		cl.cmd.SetFirstKeyPos(3)
+	calls := make([]*scriptCall, len(batch))
+	for i, cl := range batch {
+		calls[i] = decideCall(cl.check, false)
 	}
-	if len(batch) == 1 {
-		_ = b.store.client.Process(ctx, batch[0].cmd)
-	} else {
-		pipe := b.store.client.Pipeline()
-		for _, cl := range batch {
-			_ = pipe.Process(ctx, cl.cmd)
-		}
-		// Each command carries its own error; Exec's is the first of them.
-		_, _ = pipe.Exec(ctx)
-	}
-	var missing []*call
-	for _, cl := range batch {
-		if isNoScript(cl.cmd.Err()) {
-			missing = append(missing, cl)
-		}
-	}
-	if len(missing) > 0 {
-		// The script cache was flushed (or never loaded): EVAL loads it again.
-		pipe := b.store.client.Pipeline()
-		for _, cl := range missing {
-			cl.eval = b.store.scriptFor(cl.check.Meters).script.Eval(ctx, pipe, cl.check.Keys, algo.DecideArgs(cl.check.Meters, cl.check.Cost, cl.check.NowMicros, false)...)
-		}
-		_, _ = pipe.Exec(ctx)
-	}
-	for _, cl := range batch {
-		cmd, eval := cl.cmd, cl.eval
-		cl.cmd, cl.eval = nil, nil
+	b.store.exec(ctx, calls...)
+	for i, cl := range batch {
 		if !cl.given.Load() {
-			if eval != nil {
-				v, err := eval.Result()
-				cl.out, cl.err = outcome(v, err, cl.check)
-			} else {
-				vals, err := cmd.Result()
-				cl.out, cl.err = outcomeInts(vals, err, cl.check)
-			}
+			rep, err := calls[i].reply(cl.check.Meters)
+			cl.out, cl.err = fromReply(rep, err, cl.check)
 		}
 		cl.done <- struct{}{} // the call belongs to its waiter from here on
 	}
 }
 
-// flushMany sends batch to a standalone Redis as one call of the many-request script
-// and hands every call its outcome.
+// flushMany sends batch to a standalone Redis as one call of the library's many
+// entry and hands every call its outcome.
 func (b *Batcher) flushMany(ctx context.Context, batch []*call) {
-	buf := getArgs()
-	defer putArgs(buf)
-	args := b.args.many(*buf, b.store.manyHash, batch)
-	*buf = args
-	run := func() (any, error) {
-		cmd := redis.NewCmd(ctx, args...)
-		cmd.SetFirstKeyPos(3)
-		_ = b.store.client.Process(ctx, cmd)
-		return cmd.Result()
+	checks := make([]algo.Check, len(batch))
+	for i, cl := range batch {
+		checks[i] = cl.check
 	}
-	v, err := run()
-	if isNoScript(err) {
-		// The script did not run: load it and send the call once more.
-		if err = b.store.many.Load(ctx, b.store.client).Err(); err == nil {
-			v, err = run()
-		}
-	}
-	reps, _ := v.([]any)
-	if err == nil && len(reps) != len(batch) {
-		err = fmt.Errorf("many-request reply has %d elements for %d requests", len(reps), len(batch))
+	keys, args := algo.ManyCall(checks)
+	sc := entryCall(algo.EntryMany, keys, args)
+	b.store.exec(ctx, sc)
+	v, err := sc.value()
+	reps, ok := v.([]any)
+	if err == nil && (!ok || len(reps) != len(batch)) {
+		err = fmt.Errorf("many-request reply is %T of %d elements for %d requests", v, len(reps), len(batch))
 	}
 	for i, cl := range batch {
 		if !cl.given.Load() {
@@ -416,8 +356,6 @@ func (b *Batcher) flushMany(ctx context.Context, batch []*call) {
 
 // release returns a call whose waiter has its outcome to the pool.
 func (b *Batcher) release(cl *call) {
-	clear(cl.args)
-	cl.args = cl.args[:0]
 	cl.check, cl.out, cl.err, cl.deadline, cl.node = algo.Check{}, algo.Outcome{}, nil, time.Time{}, ""
 	b.calls.Put(cl)
 }
@@ -438,10 +376,6 @@ func batchContext(batch []*call) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(context.Background(), last)
 }
 
-func isNoScript(err error) bool {
-	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
-}
-
 // oneSlot reports whether every key hashes to the same cluster slot.
 func oneSlot(keys []string) bool {
 	if len(keys) < 2 {
@@ -454,187 +388,4 @@ func oneSlot(keys []string) bool {
 		}
 	}
 	return true
-}
-
-// argCache builds the decision script's EVALSHA command with the arguments of each
-// single-limit meter computed once: a decision then boxes only its keys (and a
-// recorded value), instead of formatting and boxing every number of every limit.
-// The cache holds at most maxCachedMeters meters; others are formatted every time.
-// Its saving shows in BenchmarkDecide's allocations per decision (unbatched and
-// batcher rows), which make test runs (bench-core).
-type argCache struct {
-	mu sync.Mutex                         // serialises writers
-	m  atomic.Pointer[map[meterKey][]any] // copy-on-write, read without locks
-}
-
-const maxCachedMeters = 1024
-
-// meterKey identifies the constant arguments of a single-limit meter.
-type meterKey struct {
-	limit  algo.Limit
-	shadow bool
-}
-
-// Boxed constants, so that building a command boxes nothing it can avoid.
-var (
-	evalshaArg any = "evalsha"
-	emptyArg   any = ""
-	zeroArg    any = "0"
-	smallInts      = func() (s [65]any) {
-		for i := range s {
-			s[i] = strconv.Itoa(i)
-		}
-		return s
-	}()
-)
-
-func smallInt(n int64) any {
-	if n >= 0 && n < int64(len(smallInts)) {
-		return smallInts[n]
-	}
-	return strconv.FormatInt(n, 10)
-}
-
-// command appends to dst the EVALSHA of the decision script (hash) for c, undo off:
-// the same arguments as algo.DecideArgs.
-func (a *argCache) command(dst []any, hash any, c algo.Check) []any {
-	dst = append(dst, evalshaArg, hash, len(c.Keys))
-	for i := range c.Keys {
-		// A *string boxes without allocating; go-redis writes it, and hashes it to a
-		// cluster slot, as the string.
-		dst = append(dst, &c.Keys[i])
-	}
-	return a.argv(dst, c)
-}
-
-// argv appends the decision script's ARGV for c, undo off.
-func (a *argCache) argv(dst []any, c algo.Check) []any {
-	now := emptyArg
-	if c.NowMicros != 0 {
-		now = strconv.FormatInt(c.NowMicros, 10)
-	}
-	return a.tail(append(dst, now, smallInt(c.Cost)), c)
-}
-
-// tail appends the decision script's ARGV for c from the third on (undo off, the
-// meters): what does not change from one request of the same meters to the next.
-func (a *argCache) tail(dst []any, c algo.Check) []any {
-	dst = append(dst, zeroArg, smallInt(int64(len(c.Meters))))
-	for _, m := range c.Meters {
-		dst = a.meter(dst, m)
-	}
-	return dst
-}
-
-// shared returns the cached arguments of c's one meter, which every request of that
-// meter shares, or nil when c has several meters, its meter several limits or a
-// recorded value, or its meter is not cached.
-func (a *argCache) shared(c algo.Check) []any {
-	if len(c.Meters) != 1 || len(c.Meters[0].Limits) != 1 || c.Meters[0].Record != "" {
-		return nil
-	}
-	if mp := a.m.Load(); mp != nil {
-		return (*mp)[meterKey{c.Meters[0].Limits[0], c.Meters[0].Shadow}]
-	}
-	return nil
-}
-
-// meter appends the script arguments of m.
-func (a *argCache) meter(dst []any, m algo.Meter) []any {
-	if len(m.Limits) != 1 {
-		return algo.AppendMeterArgs(dst, m)
-	}
-	k := meterKey{m.Limits[0], m.Shadow}
-	var args []any
-	if mp := a.m.Load(); mp != nil {
-		args = (*mp)[k]
-	}
-	if args == nil {
-		args = a.add(k, m)
-	}
-	n := len(dst)
-	dst = append(dst, args...)
-	if m.Record != "" {
-		dst[n+2] = m.Record
-	}
-	return dst
-}
-
-// add computes and, while the cache has room, keeps the arguments of a meter.
-func (a *argCache) add(k meterKey, m algo.Meter) []any {
-	m.Record = ""
-	args := algo.AppendMeterArgs(nil, m)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	old := a.m.Load()
-	var n int
-	if old != nil {
-		n = len(*old)
-	}
-	if n >= maxCachedMeters {
-		return args
-	}
-	next := make(map[meterKey][]any, n+1)
-	if old != nil {
-		for kk, v := range *old {
-			next[kk] = v
-		}
-	}
-	next[k] = args
-	a.m.Store(&next)
-	return args
-}
-
-// many appends to dst the EVALSHA of the many-request script (hash) for batch (see
-// lua/many.lua): every request's keys, then one profile per distinct cached meter
-// (and one per request whose meters are not shared), then per request its key count,
-// profile, time and cost.
-func (a *argCache) many(dst []any, hash any, batch []*call) []any {
-	nkeys := 0
-	for _, cl := range batch {
-		nkeys += len(cl.check.Keys)
-	}
-	dst = append(dst, evalshaArg, hash, nkeys)
-	for _, cl := range batch {
-		for i := range cl.check.Keys {
-			dst = append(dst, &cl.check.Keys[i])
-		}
-	}
-	// Requests of the same cached meter share one profile: their limits go once.
-	prof := make([]int, len(batch))
-	var shared []*any // each profile's first cached argument; nil: not shared
-	dst = append(dst, smallInt(int64(len(batch))), nil)
-	np := len(dst) - 1
-	for i, cl := range batch {
-		sh := a.shared(cl.check)
-		if sh != nil {
-			if j := slices.Index(shared, &sh[0]); j >= 0 {
-				prof[i] = j
-				continue
-			}
-		}
-		prof[i] = len(shared)
-		at := len(dst)
-		dst = append(dst, nil)
-		dst = a.tail(dst, cl.check)
-		dst[at] = smallInt(int64(len(dst) - at - 1))
-		if sh == nil {
-			// tail may just have cached the meter: later requests can share it
-			sh = a.shared(cl.check)
-		}
-		var first *any
-		if sh != nil {
-			first = &sh[0]
-		}
-		shared = append(shared, first)
-	}
-	dst[np] = smallInt(int64(len(shared)))
-	for i, cl := range batch {
-		now := emptyArg
-		if cl.check.NowMicros != 0 {
-			now = strconv.FormatInt(cl.check.NowMicros, 10)
-		}
-		dst = append(dst, smallInt(int64(len(cl.check.Keys))), smallInt(int64(prof[i]+1)), now, smallInt(cl.check.Cost))
-	}
-	return dst
 }

@@ -389,10 +389,10 @@ func TestBatcherManyMatchesModel(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	calls := commandCalls(t, srv.Client(t), "evalsha")
-	t.Logf("%d decisions in %d EVALSHA calls", decisions.Load(), calls)
+	calls := commandCalls(t, srv.Client(t), "fcall")
+	t.Logf("%d decisions in %d FCALL calls", decisions.Load(), calls)
 	if calls >= decisions.Load() {
-		t.Errorf("%d decisions took %d EVALSHA calls: nothing was sent together", decisions.Load(), calls)
+		t.Errorf("%d decisions took %d FCALL calls: nothing was sent together", decisions.Load(), calls)
 	}
 }
 
@@ -419,7 +419,7 @@ func commandCalls(t *testing.T, c *redis.Client, cmd string) int64 {
 }
 
 // TestBatcherServerClockTTL checks that batched requests decided on the server's clock
-// (which many.lua reads once per batch) keep TTLs without the slack of a caller's
+// (which the many entry reads once per batch) keep TTLs without the slack of a caller's
 // clock: a key expires when its limit is full again, not a second later.
 func TestBatcherServerClockTTL(t *testing.T) {
 	srv := redistest.StartServer(t)
@@ -442,8 +442,8 @@ func TestBatcherServerClockTTL(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if calls := commandCalls(t, srv.Client(t), "evalsha"); calls >= n {
-		t.Fatalf("%d requests took %d EVALSHA calls: nothing was batched", n, calls)
+	if calls := commandCalls(t, srv.Client(t), "fcall"); calls >= n {
+		t.Fatalf("%d requests took %d FCALL calls: nothing was batched", n, calls)
 	}
 	rc := srv.Client(t)
 	for i := range n {

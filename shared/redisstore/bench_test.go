@@ -107,43 +107,46 @@ func BenchmarkDecideParallel(b *testing.B) {
 	}
 }
 
-// luaSource concatenates the decision script's files the way package algo does,
-// with only the given algorithms.
-
-// BenchmarkScriptCost measures what one script call costs Redis itself (INFO
-// commandstats usec per call, reported as redis-µs/call): the ceiling, redis_rate's
-// GCRA, tollgate's decision script with every algorithm, and the same script with
-// only gcra's Lua in it. Commands are sent in pipelines of 100 to keep the client
-// out of the measurement.
+// BenchmarkScriptCost measures what one call costs Redis itself (INFO commandstats
+// usec per call, reported as redis-µs/call): the ceiling, redis_rate's GCRA, and an
+// FCALL of tollgate's decide entry per algorithm. Commands are sent in pipelines of
+// 100 to keep the client out of the measurement. scripts/bench's script-cost section
+// makes the same comparison through Store.Decide.
 func BenchmarkScriptCost(b *testing.B) {
 	srv := redistest.StartServer(b)
 	s := openStore(b, srv.URL(), false)
 	c := s.Client()
 	ctx := context.Background()
+	lua := loadLua(b, c)
 	type script struct {
 		name  string
-		src   string
-		args  []any
+		call  func(pipe redis.Pipeliner, keys []string)
 		nkeys int // keys per call
 	}
+	evalsha := func(src string, args ...any) func(redis.Pipeliner, []string) {
+		sc := redis.NewScript(src)
+		if err := sc.Load(ctx, c).Err(); err != nil {
+			b.Fatal(err)
+		}
+		return func(pipe redis.Pipeliner, keys []string) { sc.EvalSha(ctx, pipe, keys, args...) }
+	}
+	fcall := func(m []algo.Meter) func(redis.Pipeliner, []string) {
+		args := algo.DecideArgs(m, 1, 0, false)
+		return func(pipe redis.Pipeliner, keys []string) {
+			pipe.FCall(ctx, lua.Function(algo.EntryDecide), keys, args...)
+		}
+	}
 	cases := []script{
-		{"return1", "return 1", nil, 1},
-		{"redis_rate", redisRateScript, []any{1000000, 1000000, 1.0, 1}, 1},
+		{"return1", evalsha("return 1"), 1},
+		{"redis_rate", evalsha(redisRateScript, 1000000, 1000000, 1.0, 1), 1},
 	}
 	for _, a := range algo.Algorithms {
-		m := []algo.Meter{{Limits: []algo.Limit{benchLimit(a)}}}
-		cases = append(cases, script{"tollgate-" + string(a), algo.DecideScriptFor(algo.SetOf(m)), algo.DecideArgs(m, 1, 0, false), 1})
+		cases = append(cases, script{"tollgate-" + string(a), fcall([]algo.Meter{{Limits: []algo.Limit{benchLimit(a)}}}), 1})
 	}
-	gcra := []algo.Meter{{Limits: []algo.Limit{benchLimit(algo.GCRA)}}}
-	cases = append(cases, script{"tollgate-all-algorithms-gcra", algo.DecideScript(), algo.DecideArgs(gcra, 1, 0, false), 1})
-	three := []algo.Meter{gcra[0], gcra[0], gcra[0]}
-	cases = append(cases, script{"tollgate-3-limits-gcra", algo.DecideScript(), algo.DecideArgs(three, 1, 0, false), 3})
+	gcra := algo.Meter{Limits: []algo.Limit{benchLimit(algo.GCRA)}}
+	cases = append(cases, script{"tollgate-3-limits-gcra", fcall([]algo.Meter{gcra, gcra, gcra}), 3})
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
-			sc := redis.NewScript(tc.src)
-			if err := sc.Load(ctx, c).Err(); err != nil {
-				b.Fatal(err)
-			}
 			keys := benchKeys(tc.name)
 			if err := c.ConfigResetStat(ctx).Err(); err != nil {
 				b.Fatal(err)
@@ -159,7 +162,7 @@ func BenchmarkScriptCost(b *testing.B) {
 					for j := 1; j < tc.nkeys; j++ {
 						ks = append(ks, fmt.Sprintf("%s:%d", k, j))
 					}
-					sc.EvalSha(ctx, pipe, ks, tc.args...)
+					tc.call(pipe, ks)
 				}
 				if _, err := pipe.Exec(ctx); err != nil {
 					b.Fatal(err)
@@ -170,12 +173,14 @@ func BenchmarkScriptCost(b *testing.B) {
 				b.Fatal(err)
 			}
 			for _, line := range strings.Split(info, "\n") {
-				if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:"); ok {
-					for _, kv := range strings.Split(rest, ",") {
-						if v, ok := strings.CutPrefix(kv, "usec_per_call="); ok {
-							f, _ := strconv.ParseFloat(v, 64)
-							b.ReportMetric(f, "redis-µs/call")
-						}
+				name, rest, _ := strings.Cut(strings.TrimSpace(line), ":")
+				if name != "cmdstat_evalsha" && name != "cmdstat_fcall" {
+					continue
+				}
+				for _, kv := range strings.Split(rest, ",") {
+					if v, ok := strings.CutPrefix(kv, "usec_per_call="); ok {
+						f, _ := strconv.ParseFloat(v, 64)
+						b.ReportMetric(f, "redis-µs/call")
 					}
 				}
 			}
@@ -269,38 +274,29 @@ return {cost, remaining, tostring(retry_after), tostring(reset_after)}
 `
 
 // BenchmarkManyScriptCost measures what Redis spends per request inside one call of
-// the many-request script (a batch of 64 one-limit requests), against the decision
-// script called once per request (BenchmarkScriptCost): redis-cpu-µs/req.
+// the many entry (a batch of 64 one-limit requests), against the decide entry called
+// once per request (BenchmarkScriptCost): redis-cpu-µs/req.
 func BenchmarkManyScriptCost(b *testing.B) {
 	srv := redistest.StartServer(b)
 	s := openStore(b, srv.URL(), false)
 	c := s.Client()
 	ctx := context.Background()
-	sc := redis.NewScript(algo.DecideManyScript())
-	if err := sc.Load(ctx, c).Err(); err != nil {
-		b.Fatal(err)
-	}
+	many := loadLua(b, c).Function(algo.EntryMany)
 	const batch = 64
 	for _, a := range []algo.Algorithm{algo.GCRA, algo.FixedWindow, algo.TokenBucket} {
 		b.Run(string(a), func(b *testing.B) {
 			m := []algo.Meter{{Limits: []algo.Limit{benchLimit(a)}}}
-			one := algo.DecideArgs(m, 1, 0, false)
 			keys := benchKeys("many-" + string(a))
-			// one profile (the meter's arguments), then per request: one key, profile
-			// 1, the server's clock, cost 1
-			args := append([]any{batch, 1, len(one) - 2}, one[2:]...)
-			for range batch {
-				args = append(args, 1, 1, "", 1)
-			}
+			checks := make([]algo.Check, batch)
 			cpu0 := redisCPU(b, c)
 			i := 0
 			for b.Loop() {
-				ks := make([]string, batch)
-				for j := range ks {
+				for j := range checks {
 					i++
-					ks[j] = keys[i%len(keys)]
+					checks[j] = algo.Check{Keys: keys[i%len(keys) : i%len(keys)+1], Meters: m, Cost: 1}
 				}
-				if err := sc.EvalSha(ctx, c, ks, args...).Err(); err != nil {
+				ks, args := algo.ManyCall(checks)
+				if err := c.FCall(ctx, many, ks, args...).Err(); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -19,9 +19,9 @@ import (
 // meters of the client's own rules share its hash tag (one slot, one script), and a
 // global rule's meter lives in another slot on another master. The tightest limit
 // (gcra, 3 per hour) admits three requests and denies the rest; the denied requests
-// must charge none of the other limits, which a final peek (cost 0) checks. The
-// script cache is flushed on every master before the first denial, so the decision
-// and the refund scripts both go through EVALSHA, NOSCRIPT, then EVAL.
+// must charge none of the other limits, which a final peek (cost 0) checks. The Lua
+// library is flushed on every master before the first denial, so the decide and the
+// refund calls both go through FCALL, "Function not found", a reload, then FCALL.
 func TestClusterMultiRule(t *testing.T) {
 	t.Parallel()
 	cl := redistest.StartCluster(t)
@@ -84,7 +84,7 @@ func TestClusterMultiRule(t *testing.T) {
 
 			for i := range 6 {
 				if i == 3 {
-					flushScripts(t, cc)
+					flushLibrary(t, cc)
 				}
 				c := algo.Check{Keys: keys, Meters: meters, Cost: 1}
 				o, err := safeDecide(ctx, store, c)
@@ -110,14 +110,14 @@ func TestClusterMultiRule(t *testing.T) {
 		})
 	}
 
-	// The flushes sent the scripts through NOSCRIPT and back.
-	var noscript atomic.Int64
+	// The flushes sent the calls through "Function not found" and back.
+	var notFound atomic.Int64
 	err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
 		info, err := m.Info(ctx, "errorstats").Result()
 		for _, line := range strings.Split(info, "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "errorstat_NOSCRIPT:count="); ok {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "errorstat_ERR:count="); ok {
 				n, _ := strconv.ParseInt(v, 10, 64)
-				noscript.Add(n)
+				notFound.Add(n)
 			}
 		}
 		return err
@@ -125,8 +125,11 @@ func TestClusterMultiRule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if noscript.Load() == 0 {
-		t.Errorf("NOSCRIPT errors on the masters after SCRIPT FLUSH = 0, want at least 1")
+	if notFound.Load() == 0 {
+		t.Errorf("\"Function not found\" errors on the masters after FUNCTION FLUSH = 0, want at least 1")
+	}
+	if have, masters := libraryLoaded(t, cc); have != masters {
+		t.Errorf("Lua library on %d of %d masters after the run, want every master (Preload loads it on all)", have, masters)
 	}
 
 	// Nothing the run wrote, refunds included, lives forever.
@@ -145,26 +148,39 @@ func TestClusterMultiRule(t *testing.T) {
 	}
 }
 
-// flushScripts empties the script cache of every master and checks that the
-// decision script is gone.
-func flushScripts(t *testing.T, cc *redis.ClusterClient) {
+// flushLibrary empties the function libraries and the script cache of every master
+// and checks that tollgate's library is gone.
+func flushLibrary(t *testing.T, cc *redis.ClusterClient) {
 	t.Helper()
 	ctx := context.Background()
-	sha := redis.NewScript(algo.DecideScript()).Hash()
 	err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-		if err := m.ScriptFlush(ctx).Err(); err != nil {
+		if err := m.FunctionFlush(ctx).Err(); err != nil {
 			return err
 		}
-		ok, err := m.ScriptExists(ctx, sha).Result()
-		if err != nil {
-			return err
-		}
-		if ok[0] {
-			return fmt.Errorf("%s: decision script still loaded after SCRIPT FLUSH", m.Options().Addr)
-		}
-		return nil
+		return m.ScriptFlush(ctx).Err()
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if have, _ := libraryLoaded(t, cc); have > 0 {
+		t.Fatalf("Lua library still loaded on %d masters after FUNCTION FLUSH", have)
+	}
+}
+
+// libraryLoaded returns how many masters have tollgate's library, of how many.
+func libraryLoaded(t *testing.T, cc *redis.ClusterClient) (have, masters int64) {
+	t.Helper()
+	var h, n atomic.Int64
+	err := cc.ForEachMaster(context.Background(), func(ctx context.Context, m *redis.Client) error {
+		libs, err := m.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: algo.Lua().Name}).Result()
+		n.Add(1)
+		if len(libs) > 0 {
+			h.Add(1)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h.Load(), n.Load()
 }

@@ -105,10 +105,8 @@ func TestConformance(t *testing.T) {
 				ms := memstore.New(0, nil)
 				key := algo.Key("conf:", fmt.Sprintf("%s-%d", a, seq), "r", "", "0")
 				// A third of the sequences decide the meter alone; a third with a
-				// second meter of the same algorithm, shadow half the time (fast.lua's
-				// flat path decides both where the algorithm has one); a third add a
-				// sliding_log meter that never denies, which fast.lua leaves to
-				// decide.lua's general path.
+				// second meter of the same algorithm, shadow half the time; a third
+				// add a sliding_log meter that never denies.
 				keys, meters := []string{key}, []algo.Meter{m}
 				if seq%3 != 0 {
 					m2 := randomMeter(r, a)

@@ -29,8 +29,8 @@ func meterOf(a algo.Algorithm, count int64, period time.Duration) algo.Meter {
 	return algo.Meter{Limits: []algo.Limit{l}}
 }
 
-// loadedStore returns a store on client with its scripts loaded, so that the first
-// decisions already run EVALSHA.
+// loadedStore returns a store on client with its Lua library loaded, so that the
+// first decisions already run FCALL.
 func loadedStore(t *testing.T, client redis.UniversalClient) *redisstore.Store {
 	t.Helper()
 	s, err := redisstore.New(client)
@@ -41,6 +41,17 @@ func loadedStore(t *testing.T, client redis.UniversalClient) *redisstore.Store {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// loadLua loads tollgate's Lua library on c and returns it, for tests that call its
+// entry points directly (FCALL).
+func loadLua(t testing.TB, c redis.Cmdable) algo.Library {
+	t.Helper()
+	lua := algo.Lua()
+	if err := c.FunctionLoadReplace(context.Background(), lua.FunctionSource()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return lua
 }
 
 // serverTime returns the clock of the Redis server behind c, in Unix microseconds.

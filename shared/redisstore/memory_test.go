@@ -35,7 +35,7 @@ func usedMemory(t *testing.T, c *redis.Client) int64 {
 }
 
 // TestMemoryTable measures the Redis memory one tracked client costs, per algorithm:
-// 10,000 clients each make one request (the decision script through a pipeline, on
+// 10,000 clients each make one request (the library's decide entry through a pipeline, on
 // the server's clock) on keys named as the policy names them
 // ("tg:{client-000123}per-key::0.a1b2c3d4"); then the average of MEMORY USAGE over the keys
 // (key, value, and the main dictionary's entry), and the growth of INFO used_memory
@@ -46,7 +46,7 @@ func TestMemoryTable(t *testing.T) {
 	t.Parallel()
 	const clients, chunk = 10000, 500
 	ctx := context.Background()
-	decide := redis.NewScript(algo.DecideScript())
+	decide := algo.Lua().Function(algo.EntryDecide)
 
 	// Every state must outlive the measurement, so the limits are per day: one
 	// request's state then lives 864 s (token_bucket, gcra, leaky_bucket) or until the
@@ -80,9 +80,7 @@ func TestMemoryTable(t *testing.T) {
 				// keys alone.
 				t.Parallel()
 				client := redistest.StartServer(t).Client(t)
-				if err := decide.Load(ctx, client).Err(); err != nil {
-					t.Fatal(err)
-				}
+				loadLua(t, client)
 				if a == algo.FixedWindow {
 					// Its day must not end inside the run.
 					awayFromEdge(t, client, day, time.Minute)
@@ -95,7 +93,7 @@ func TestMemoryTable(t *testing.T) {
 					cmds := make([]*redis.Cmd, 0, chunk)
 					for i := from; i < from+chunk; i++ {
 						key := algo.Key("tg:", fmt.Sprintf("client-%06d", i), "per-key", "", algo.MeterID(0, tt.m))
-						cmds = append(cmds, decide.EvalSha(ctx, pipe, []string{key}, args...))
+						cmds = append(cmds, pipe.FCall(ctx, decide, []string{key}, args...))
 					}
 					if _, err := pipe.Exec(ctx); err != nil {
 						t.Fatal(err)

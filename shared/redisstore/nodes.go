@@ -199,7 +199,7 @@ func (s *Store) Health(ctx context.Context) []breaker.Status {
 }
 
 // checkNode checks one node through its breaker.
-func (s *Store) checkNode(ctx context.Context, node string, c redis.Scripter) breaker.Status {
+func (s *Store) checkNode(ctx context.Context, node string, c redis.Cmdable) breaker.Status {
 	p, err := s.allow(node)
 	if err == nil {
 		err = s.ping(ctx, c)
@@ -208,8 +208,8 @@ func (s *Store) checkNode(ctx context.Context, node string, c redis.Scripter) br
 	return breaker.Status{Node: node, State: s.breakers.Load().Get(node).State(), Err: err}
 }
 
-// Ping checks that Redis can decide: that at least one node answers with the
-// decision script loaded (it loads the scripts on a node that lost them). Health
+// Ping checks that Redis can decide: that at least one node answers with the Lua
+// library loaded (it loads the library on a node that lost it). Health
 // says which nodes cannot.
 func (s *Store) Ping(ctx context.Context) error {
 	var errs []error
@@ -229,18 +229,17 @@ func (s *Store) Ping(ctx context.Context) error {
 	return fmt.Errorf("redisstore: ping: no node can decide: %w", errors.Join(errs...))
 }
 
-// ping checks that one node answers with the decision script loaded.
-func (s *Store) ping(ctx context.Context, c redis.Scripter) error {
-	ok, err := s.decide.Exists(ctx, c).Result()
+// ping checks that one node answers with the Lua library loaded, and loads it on a
+// node that lost it (a restart, FUNCTION FLUSH, SCRIPT FLUSH), so that readiness
+// recovers by itself.
+func (s *Store) ping(ctx context.Context, c redis.Cmdable) error {
+	ok, err := s.loaded(ctx, c)
 	if err != nil {
 		return fmt.Errorf("redisstore: ping: %w", err)
 	}
-	if len(ok) == 0 || !ok[0] {
-		// Decisions load only the scripts of the algorithms they use (EVAL on
-		// NOSCRIPT); load the full set, as Preload does, so that readiness recovers
-		// by itself after a restart or SCRIPT FLUSH.
+	if !ok {
 		if err := s.load(ctx, c); err != nil {
-			return fmt.Errorf("redisstore: decision script not loaded: %w", err)
+			return fmt.Errorf("redisstore: Lua library not loaded: %w", err)
 		}
 	}
 	return nil

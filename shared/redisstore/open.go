@@ -121,7 +121,7 @@ func (c Config) Options() (*redis.UniversalOptions, error) {
 }
 
 // Open builds a client from the configuration and a store on it. It does not connect;
-// call Preload to connect and load the scripts. On Sentinel it starts following the
+// call Preload to connect and load the Lua library. On Sentinel it starts following the
 // master's switches in the background (see startWatch), until Close.
 func Open(c Config) (*Store, error) {
 	o, err := c.Options()

@@ -1,14 +1,13 @@
 // Package redisstore decides tollgate's meters on Redis: standalone, Sentinel or
-// Cluster, through go-redis v9. Every request is one EVALSHA of the decision script per
-// cluster slot it touches; go-redis retries are off, because a retried script could
-// charge twice.
+// Cluster, through go-redis v9. Every request is one FCALL of tollgate's Lua library
+// (EVALSHA of the same source where the server has no Redis Functions) per cluster
+// slot it touches; go-redis retries are off, because a retried call could charge twice.
 package redisstore
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,78 +20,46 @@ import (
 // Store decides meters on Redis. A Store is safe for simultaneous use.
 type Store struct {
 	client   redis.UniversalClient
-	decide   *redis.Script
-	refund   *redis.Script
-	many     *redis.Script // several requests in one call (the batcher, standalone)
-	manyHash any           // its SHA-1, boxed once
 	cluster  bool
 	cc       *redis.ClusterClient // the client, when it is a cluster's
 	node     string               // the node's name, when not a cluster
 	breakers atomic.Pointer[breaker.Set]
-	args     argCache // precomputed script arguments of the policy's meters
+	// lua is the library; functions names each entry's function (FCALL; boxed
+	// once), scripts each entry's script (EVALSHA, once noFunctions: a server had
+	// no FUNCTION).
+	lua         algo.Library
+	functions   map[algo.Entry]any
+	scripts     map[algo.Entry]*redis.Script
+	noFunctions atomic.Bool
 	// stopWatch and watchDone stop and await a Sentinel master's switch watch
 	// (nil when the store has none).
 	stopWatch context.CancelFunc
 	watchDone chan struct{}
-	// sets holds, per set of algorithms, the decision script with only their Lua.
-	sets [algo.AllAlgorithms + 1]atomic.Pointer[setScript]
-}
-
-// setScript is the decision script of one set of algorithms.
-type setScript struct {
-	script *redis.Script
-	hash   any // boxed once
-}
-
-// scriptFor returns the decision script for the algorithms of meters.
-func (s *Store) scriptFor(meters []algo.Meter) *setScript {
-	set := algo.SetOf(meters)
-	if sc := s.sets[set].Load(); sc != nil {
-		return sc
-	}
-	sc := &setScript{script: redis.NewScript(algo.DecideScriptFor(set))}
-	sc.hash = sc.script.Hash()
-	if !s.sets[set].CompareAndSwap(nil, sc) {
-		return s.sets[set].Load()
-	}
-	return sc
-}
-
-// load loads the scripts on one node: the full decision script, the refund script,
-// the many-request script and the decision script of each algorithm alone.
-func (s *Store) load(ctx context.Context, c redis.Scripter) error {
-	scripts := []*redis.Script{s.decide, s.refund, s.many}
-	for _, a := range algo.Algorithms {
-		scripts = append(scripts, s.scriptFor([]algo.Meter{{Limits: []algo.Limit{{Algorithm: a}}}}).script)
-	}
-	for _, sc := range scripts {
-		if err := sc.Load(ctx, c).Err(); err != nil {
-			return fmt.Errorf("redisstore: load script: %w", err)
-		}
-	}
-	return nil
 }
 
 // New returns a store on client. A *redis.ClusterClient is decided slot by slot; any
-// other client runs every request in one script.
+// other client runs every request in one call.
 func New(client redis.UniversalClient) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: nil client")
 	}
 	cc, cluster := client.(*redis.ClusterClient)
 	s := &Store{
-		client:  client,
-		decide:  redis.NewScript(algo.DecideScript()),
-		refund:  redis.NewScript(algo.RefundScript()),
-		many:    redis.NewScript(algo.DecideManyScript()),
-		cluster: cluster,
-		cc:      cc,
-		node:    "redis",
+		client:    client,
+		cluster:   cluster,
+		cc:        cc,
+		node:      "redis",
+		lua:       algo.Lua(),
+		functions: map[algo.Entry]any{},
+		scripts:   map[algo.Entry]*redis.Script{},
+	}
+	for _, e := range algo.Entries {
+		s.functions[e] = s.lua.Function(e)
+		s.scripts[e] = redis.NewScript(s.lua.Script(e))
 	}
 	if c, ok := client.(*redis.Client); ok {
 		s.node = c.Options().Addr
 	}
-	s.manyHash = s.many.Hash()
 	s.UseBreakers(breaker.Settings{})
 	return s, nil
 }
@@ -110,18 +77,8 @@ func (s *Store) Close() error {
 	return s.client.Close()
 }
 
-// Preload loads the scripts on every node (every master of a cluster), so the first
-// decisions run EVALSHA without a NOSCRIPT round trip.
-func (s *Store) Preload(ctx context.Context) error {
-	load := s.load
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return load(ctx, c) })
-	}
-	return load(ctx, s.client)
-}
-
 // Decide decides every meter of c together. On one node (or when every key shares a
-// cluster slot) it is one script: all meters are checked, then charged only if none
+// cluster slot) it is one call: all meters are checked, then charged only if none
 // denies. When the keys of a cluster request fall in several slots, the slots are
 // charged one after the other; when a later slot denies, the slots already charged are
 // refunded, so the request is never admitted in part. Between the charge and its
@@ -216,7 +173,9 @@ func (s *Store) refundAll(ctx context.Context, done []charged, now int64) error 
 		// The refund must run even if the request's deadline has passed: a lost refund
 		// leaves units charged for a request that was denied.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		err := s.refund.Run(rctx, s.client, keys, args...).Err()
+		sc := entryCall(algo.EntryRefund, keys, args)
+		s.exec(rctx, sc)
+		err := sc.cmd.Err()
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("redisstore: refund %q: %w", keys[0], err))
@@ -234,72 +193,22 @@ func (s *Store) run(ctx context.Context, c algo.Check, undo bool) (algo.Outcome,
 }
 
 func (s *Store) call(ctx context.Context, c algo.Check, undo bool) (algo.Reply, error) {
-	rep, err := s.send(ctx, c, undo)
-	if _, moved := redis.IsMovedError(err); moved {
-		// The slot moved (resharding, failover): the script did not run. Learn the new
-		// map and send it once more; any other error is final, since a script that
+	sc := decideCall(c, undo)
+	s.exec(ctx, sc)
+	if _, moved := redis.IsMovedError(sc.cmd.Err()); moved {
+		// The slot moved (resharding, failover): the call did not run. Learn the new
+		// map and send it once more; any other error is final, since a call that
 		// timed out may have run, and running it again could charge twice.
 		if cc, ok := s.client.(*redis.ClusterClient); ok {
 			cc.ReloadState(ctx)
-			rep, err = s.send(ctx, c, undo)
+			s.exec(ctx, sc)
 		}
 	}
+	rep, err := sc.reply(c.Meters)
 	if err != nil {
 		return algo.Reply{}, runError(c, err)
 	}
 	return rep, nil
-}
-
-// send runs the decision script for the algorithms of c once: an EVALSHA with mostly
-// precomputed arguments, read as integers, in the common case (no undo), and an EVAL,
-// which also loads the script, when the server does not know it (NOSCRIPT, once per
-// cache flush).
-func (s *Store) send(ctx context.Context, c algo.Check, undo bool) (algo.Reply, error) {
-	sc := s.scriptFor(c.Meters)
-	var v any
-	var err error
-	if !undo {
-		var vals []int64
-		vals, err = evalsha(ctx, s.client, &s.args, sc.hash, c)
-		if !isNoScript(err) {
-			if err != nil {
-				return algo.Reply{}, err
-			}
-			return algo.ParseDecideInts(vals, c.Meters)
-		}
-		v, err = sc.script.Eval(ctx, s.client, c.Keys, algo.DecideArgs(c.Meters, c.Cost, c.NowMicros, undo)...).Result()
-	} else {
-		v, err = sc.script.Run(ctx, s.client, c.Keys, algo.DecideArgs(c.Meters, c.Cost, c.NowMicros, undo)...).Result()
-	}
-	if err != nil {
-		return algo.Reply{}, err
-	}
-	return algo.ParseDecideReply(v, c.Meters)
-}
-
-// evalsha runs the decision script (hash) for c, without undo data, on client and
-// returns its reply as integers: one allocation for the reply where a generic
-// command boxes every element.
-func evalsha(ctx context.Context, client redis.UniversalClient, ac *argCache, hash any, c algo.Check) ([]int64, error) {
-	buf := getArgs()
-	*buf = ac.command(*buf, hash, c)
-	cmd := redis.NewIntSliceCmd(ctx, *buf...)
-	cmd.SetFirstKeyPos(3)
-	_ = client.Process(ctx, cmd)
-	putArgs(buf)
-	return cmd.Result()
-}
-
-// argBufs holds the argument slices of EVALSHA commands between decisions.
-var argBufs = sync.Pool{New: func() any { b := make([]any, 0, 32); return &b }}
-
-func getArgs() *[]any { return argBufs.Get().(*[]any) }
-
-// putArgs returns an argument slice whose command has completed.
-func putArgs(b *[]any) {
-	clear(*b)
-	*b = (*b)[:0]
-	argBufs.Put(b)
 }
 
 // slotGroups returns the indexes of keys grouped by cluster slot, in order of first

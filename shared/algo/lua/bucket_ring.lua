@@ -4,72 +4,88 @@
 -- <j mod size>: count of bucket j}. commit clears the buckets between the last write
 -- and now (the buckets ahead of the last one), HINCRBYs the current bucket and renews
 -- the TTL, so a stale lap is never counted.
+-- ARGV (see prelude.lua): one group per window: count, period_us, capacity (= count),
+-- W (the same in every group).
+-- Reply: one decision per window; a refund's extra data is the bucket charged.
 -- Time: the caller's now (server TIME unless the caller passed one).
 -- TTL: until the current bucket leaves the ring.
-A.bucket_ring = {}
-function A.bucket_ring.check(key, now, cost, lims)
-  local w = lims[1][4]
+
+-- br_ring returns the bucket width and the ring's size in buckets.
+local function br_ring(args, pos, nl)
+  local w = tonumber(args[pos + 3])
   local size = 0
-  for i = 1, #lims do size = max(size, lims[i][2] / w) end
-  local cur = floor(now / w)
-  local lv = redis.call('HGET', key, 'l')
-  local set, last = false, 0
-  if lv then set, last = true, tonumber(lv) end
-  if set and last > cur then cur = last end
-  local b = {}
-  if set then
-    local fields, idx = {}, {}
-    for j = max(cur - size + 1, last - size + 1), last do
-      fields[#fields + 1] = string.format('%d', j % size)
-      idx[#idx + 1] = j
+  for i = 0, nl - 1 do size = max(size, tonumber(args[pos + 4 * i + 1]) / w) end
+  return w, size
+end
+
+A.bucket_ring = algorithm({
+  check = function(key, now, cost, args, pos, nl, record, out, o)
+    local w, size = br_ring(args, pos, nl)
+    local cur = floor(now / w)
+    local lv = redis.call('HGET', key, 'l')
+    local set, last = false, 0
+    if lv then set, last = true, tonumber(lv) end
+    if set and last > cur then cur = last end
+    local b = {}
+    if set then
+      local fields, idx = {}, {}
+      for j = max(cur - size + 1, last - size + 1), last do
+        fields[#fields + 1] = string.format('%d', j % size)
+        idx[#idx + 1] = j
+      end
+      if #fields > 0 then
+        local vals = redis.call('HMGET', key, unpack(fields))
+        for i = 1, #idx do b[idx[i]] = tonumber(vals[i] or '0') end
+      end
     end
-    if #fields > 0 then
-      local vals = redis.call('HMGET', key, unpack(fields))
-      for i = 1, #idx do b[idx[i]] = tonumber(vals[i] or '0') end
+    local function bucket(j) return b[j] or 0 end
+    local sums, allowed = {}, true
+    for i = 1, nl do
+      local n, span = tonumber(args[pos + 4 * i - 4]), tonumber(args[pos + 4 * i - 3]) / w
+      local sum = 0
+      for j = cur - span + 1, cur do sum = sum + bucket(j) end
+      sums[i] = sum
+      if sum + cost > n then allowed = false end
     end
-  end
-  local function bucket(j) return b[j] or 0 end
-  local ds, sums, allowed = {}, {}, true
-  for i = 1, #lims do
-    local span = lims[i][2] / w
-    local sum = 0
-    for j = cur - span + 1, cur do sum = sum + bucket(j) end
-    sums[i] = sum
-    local ok = 0
-    if sum + cost <= lims[i][1] then ok = 1 else allowed = false end
-    ds[i] = {ok, 0, 0, 0, 0}
-  end
-  local function newest(after)
+    -- the newest bucket that holds units (after the charge, when it is admitted)
+    local jz = cur - size
     for j = cur, cur - size + 1, -1 do
       local c = bucket(j)
-      if after and j == cur then c = c + cost end
-      if c > 0 then return j end
+      if allowed and j == cur then c = c + cost end
+      if c > 0 then
+        jz = j
+        break
+      end
     end
-    return cur - size
-  end
-  local jz = newest(allowed)
-  for i = 1, #lims do
-    local n, span, d = lims[i][1], lims[i][2] / w, ds[i]
-    if d[ALLOWED] == 1 and allowed then d[REMAINING] = n - sums[i] - cost else d[REMAINING] = max(0, n - sums[i]) end
-    if jz > cur - span then d[RESET_US] = (jz + span) * w - now end
-    if d[ALLOWED] == 0 then
-      if cost > n then
-        d[RETRY_US] = lims[i][2]
-      else
-        local sum = sums[i]
-        for k = 1, span do
-          sum = sum - bucket(cur - span + k)
-          if sum + cost <= n then
-            d[RETRY_US] = (cur + k) * w - now
-            break
+    for i = 1, nl do
+      local n, p = tonumber(args[pos + 4 * i - 4]), tonumber(args[pos + 4 * i - 3])
+      local span, sum = p / w, sums[i]
+      local ok, remaining, reset, retry = 0, max(0, n - sum), 0, 0
+      if sum + cost <= n then
+        ok = 1
+        if allowed then remaining = n - sum - cost end
+      end
+      if jz > cur - span then reset = (jz + span) * w - now end
+      if ok == 0 then
+        if cost > n then
+          retry = p
+        else
+          for k = 1, span do
+            sum = sum - bucket(cur - span + k)
+            if sum + cost <= n then
+              retry = (cur + k) * w - now
+              break
+            end
           end
         end
       end
+      put(out, o + 5 * (i - 1), ok, remaining, reset, retry, 0)
     end
-  end
-  if not allowed then return ds end
-  return ds, function()
+    return allowed, set, last, cur
+  end,
+  commit = function(key, now, cost, args, pos, nl, record, set, last, cur)
     if cost == 0 then return {} end
+    local w, size = br_ring(args, pos, nl)
     if not set or cur - last >= size then
       redis.call('DEL', key)
     elseif cur > last then
@@ -81,15 +97,13 @@ function A.bucket_ring.check(key, now, cost, lims)
     redis.call('HSET', key, 'l', string.format('%d', cur))
     redis.call('PEXPIRE', key, ttl((cur + size) * w - now))
     return {string.format('%d', cur)}
-  end, {key}
-end
-function A.bucket_ring.refund(key, now, cost, lims, extra)
-  local w = lims[1][4]
-  local size = 0
-  for i = 1, #lims do size = max(size, lims[i][2] / w) end
-  local cur = tonumber(extra[1])
-  local lv = redis.call('HGET', key, 'l')
-  if lv and cur > tonumber(lv) - size then
-    redis.call('HINCRBY', key, string.format('%d', cur % size), -cost)
-  end
-end
+  end,
+  refund = function(key, now, cost, args, pos, nl, extra)
+    local _, size = br_ring(args, pos, nl)
+    local cur = tonumber(extra[1])
+    local lv = redis.call('HGET', key, 'l')
+    if lv and cur > tonumber(lv) - size then
+      redis.call('HINCRBY', key, string.format('%d', cur % size), -cost)
+    end
+  end,
+})

@@ -2,6 +2,8 @@
 -- Each cost unit moves the TAT by T = period / count; admitted while the new TAT is at
 -- most capacity * T ahead of now.
 -- KEYS: the meter key K, a string: the TAT in microseconds (an integer when whole).
+-- ARGV (one limit, see prelude.lua): count, period_us, capacity, 0.
+-- Reply: one decision; delay is 0 (leaky_bucket reports one).
 -- Time: the caller's now (server TIME unless the caller passed one).
 -- TTL: until the TAT.
 -- The arithmetic is relative to now (rel = TAT - now), where doubles are exact far
@@ -10,48 +12,52 @@
 local tat_slack = 1
 -- times derived from a TAT are rounded up after taking off its quarter-microsecond grid
 local function ceil_tat(x) return ceil_us(x - 0.25) end
--- gcra_core decides: allowed (0|1), remaining, reset_after, retry_after, delay, and
--- the new TAT - now. fast.lua writes the same arithmetic out for the common request.
-local function gcra_core(key, now, cost, n, p, b, shape)
-  local t = p / n
-  local rel = 0
-  local v = redis.call('GET', key)
-  if v then rel = max(0, tonumber(v) - now) end
-  local new_rel = rel + cost * t
-  local burst = b * t
-  if new_rel > burst + tat_slack then
-    local retry = p
-    if cost <= b then retry = ceil_tat(new_rel - burst) end
-    return 0, max(0, floor((burst - rel + tat_slack) / t)), ceil_tat(rel), retry, 0, new_rel
+
+-- gcra_check returns gcra's check, or with shape leaky_bucket's, which reports the
+-- wait before the TAT as delay. It returns allowed, the new TAT - now and the reset,
+-- which commit writes.
+local function gcra_check(shape)
+  return function(key, now, cost, args, pos, nl, record, out, o)
+    local n, p, b = tonumber(args[pos]), tonumber(args[pos + 1]), tonumber(args[pos + 2])
+    local t = p / n
+    local rel = 0
+    local v = redis.call('GET', key)
+    if v then rel = max(0, tonumber(v) - now) end
+    local new_rel = rel + cost * t
+    local burst = b * t
+    if new_rel > burst + tat_slack then
+      local retry = p
+      if cost <= b then retry = ceil_tat(new_rel - burst) end
+      put(out, o, 0, max(0, floor((burst - rel + tat_slack) / t)), ceil_tat(rel), retry, 0)
+      return false
+    end
+    local delay, reset = 0, ceil_tat(new_rel)
+    if shape then delay = ceil_tat(rel) end
+    put(out, o, 1, max(0, floor((burst - new_rel + tat_slack) / t)), reset, 0, delay)
+    return true, new_rel, reset
   end
-  local delay = 0
-  if shape then delay = ceil_tat(rel) end
-  return 1, max(0, floor((burst - new_rel + tat_slack) / t)), ceil_tat(new_rel), 0, delay, new_rel
 end
-local function gcra_write(key, now, cost, new_rel)
-  -- the key lives until the reset reported (the TAT on the quarter-microsecond grid)
-  if cost > 0 then redis.call('SET', key, num(now + new_rel), 'PX', ttl(ceil_tat(new_rel))) end
+
+-- gcra_commit writes the TAT; the key lives until the reset reported (the TAT on the
+-- quarter-microsecond grid).
+local function gcra_commit(key, now, cost, args, pos, nl, record, new_rel, reset)
+  if cost > 0 then redis.call('SET', key, num(now + new_rel), 'PX', ttl(reset)) end
 end
-local function gcra_check(key, now, cost, lims, shape)
-  local ok, rem, reset, retry, delay, new_rel = gcra_core(key, now, cost, lims[1][1], lims[1][2], lims[1][3], shape)
-  local d = {ok, rem, reset, retry, delay}
-  if ok == 0 then return {d} end
-  return {d}, function()
-    gcra_write(key, now, cost, new_rel)
-    return {}
-  end, {key}
-end
-local function gcra_refund(key, now, cost, lims, extra, record, refund_now)
+
+local function gcra_refund(key, now, cost, args, pos, nl, extra, record, refund_now)
   local v = redis.call('GET', key)
   if not v then return end
   -- The charge moved the TAT by cost * T; the time since the charge may already have
   -- passed part of that (the TAT would have been caught up by now anyway).
-  local give = cost * (lims[1][2] / lims[1][1]) - max(0, refund_now - now)
+  local give = cost * (tonumber(args[pos + 1]) / tonumber(args[pos])) - max(0, refund_now - now)
   if give > 0 then
     redis.call('SET', key, num(max(refund_now, tonumber(v) - give)), 'KEEPTTL')
   end
 end
-A.gcra = {
-  check = function(key, now, cost, lims) return gcra_check(key, now, cost, lims, false) end,
-  refund = gcra_refund,
-}
+
+-- gcra_meter is the algorithm table of gcra, or with shape of leaky_bucket.
+local function gcra_meter(shape)
+  return algorithm({check = gcra_check(shape), commit = gcra_commit, refund = gcra_refund})
+end
+
+A.gcra = gcra_meter(false)

@@ -1,36 +1,44 @@
--- tollgate: shared helpers of the decision and refund scripts. The Go package
--- concatenates fast.lua (decision script only), prelude.lua, one file per algorithm,
--- then decide.lua (or refund.lua) into one script, so every algorithm is decided in
--- the same round trip.
+-- tollgate: the helpers every algorithm file uses. Package algo joins prelude.lua,
+-- one file per algorithm, then library.lua into one source: a Redis Functions library
+-- (FUNCTION LOAD once per node, FCALL per call), or the same source run by EVALSHA
+-- where the server has no FUNCTION. Loading it only defines functions.
 --
 -- Numbers: times are Unix microseconds, whole numbers below 2^53, exact in Lua's
 -- doubles. Fractions (tokens, a TAT with a fractional emission interval) are stored
 -- with %.17g so they read back to the same double; whole numbers as integers.
 --
--- Every algorithm A.<name> is a table with
---   check(key, now, cost, lims, record) -> decisions, commit, writes
---     decisions: one {allowed 0|1, remaining, reset_after_us, retry_after_us, delay_us}
---                per limit; commit (nil when denied) writes the new state and returns
---                the extra data a refund needs (a list of strings); writes lists the
---                keys commit may write
---   refund(key, charged_now, cost, lims, extra, record, refund_now) undoes one charge
---     logically, never giving back more than the charge still weighs: refill that
---     happened since the charge already made up for part of it
--- lims is a list of {count, period_us, capacity, bucket_us}. check only reads.
+-- Every algorithm A.<name> is a table of plain functions, defined once; a call
+-- allocates as little as it can (Redis pays for every table and closure of every call).
+-- A meter's limits are the call's own ARGV: nl groups of four from args[pos]: count,
+-- period_us, capacity, bucket_us (a ring's bucket, or a calendar window's start).
+--   check(key, now, cost, args, pos, nl, record, out, o) -> allowed, s1, s2, s3, s4
+--     only reads. Writes one decision per limit into out from out[o + 1]: allowed 0|1,
+--     remaining, reset_after_us, retry_after_us, delay_us. allowed (a boolean) says
+--     whether the meter admits; s1..s4 are what commit needs.
+--   commit(key, now, cost, args, pos, nl, record, s1, s2, s3, s4) -> extra
+--     writes the charge; extra (a list of strings, or nil) is what a refund needs.
+--   writes(key, now, args, pos, nl, record) -> the keys commit may write (for undo).
+--   refund(key, charged_now, cost, args, pos, nl, extra, record, refund_now) undoes one
+--     charge logically, never giving back more than the charge still weighs: refill that
+--     happened since the charge already made up for part of it.
 local A = {}
--- The fields of a decision tuple, {allowed 0|1, remaining, reset_after_us,
--- retry_after_us, delay_us}, as the reply lists them.
-local ALLOWED, REMAINING, RESET_US, RETRY_US, DELAY_US = 1, 2, 3, 4, 5
-local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+-- Redis 7.0 lets a library's load reach no global but redis, not even math: these are
+-- bound by bind, which every entry point calls first.
+local floor, ceil, max, min
+
+local function bind()
+  floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+end
 
 local function num(x)
   if x == floor(x) then return string.format('%d', x) end
   return string.format('%.17g', x)
 end
 
--- ttl_slack is added to every TTL when the caller passed the time (decide.lua sets
--- it from fast.lua's slack): a caller's clock may run slower than the server's, and a key must not expire
--- on the server before the caller's time says it should.
+-- ttl_slack is added to every TTL when the caller passed the time: a caller's clock
+-- may run slower than the server's, and a key must not expire on the server before
+-- the caller's time says it should. library.lua sets it for every request before any
+-- algorithm runs (Redis runs one call at a time), so no call sees another's.
 local ttl_slack = 0
 
 -- ttl converts microseconds to a PEXPIRE argument: whole ms, rounded up, at least 1.
@@ -44,4 +52,18 @@ end
 local function ceil_us(x)
   if x <= 0 then return 0 end
   return ceil(x)
+end
+
+-- put writes one decision into out from out[o + 1].
+local function put(out, o, allowed, remaining, reset, retry, delay)
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = allowed, remaining, reset, retry, delay
+end
+
+-- the meter key itself: what commit writes for every algorithm of one key
+local function own_key(key) return {key} end
+
+-- algorithm completes an algorithm's table: writes defaults to the meter key.
+local function algorithm(a)
+  a.writes = a.writes or own_key
+  return a
 end

@@ -2,38 +2,40 @@
 -- time (microseconds); an entry counts while score > now - period. Exact.
 -- KEYS: the meter key K (a sorted set). Members are "<time>:<seq>[:<record>]", unique
 -- because seq continues the count of live entries at that time.
+-- ARGV (one limit, see prelude.lua): count, period_us, capacity (= count), 0.
+-- Reply: one decision; a refund's extra data are the members a charge added.
 -- Time: the caller's now (server TIME unless the caller passed one).
 -- TTL: the period after the newest entry. check only counts (ZCOUNT); expired entries
 -- are trimmed by commit, so a denied request changes nothing.
-A.sliding_log = {}
-function A.sliding_log.check(key, now, cost, lims, record)
-  local n, p = lims[1][1], lims[1][2]
-  local lo = '(' .. string.format('%d', now - p)
-  local used = redis.call('ZCOUNT', key, lo, '+inf')
-  local d = {0, 0, 0, 0, 0}
-  local newest = 0
-  if used > 0 then
-    newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
-    d[RESET_US] = newest + p - now
-  end
-  if used + cost > n then
-    d[REMAINING] = max(0, n - used)
-    if cost > n then
-      d[RETRY_US] = p
-    else
-      local e = redis.call('ZRANGEBYSCORE', key, lo, '+inf', 'WITHSCORES', 'LIMIT', used + cost - n - 1, 1)
-      d[RETRY_US] = tonumber(e[2]) + p - now
+A.sliding_log = algorithm({
+  check = function(key, now, cost, args, pos, nl, record, out, o)
+    local n, p = tonumber(args[pos]), tonumber(args[pos + 1])
+    local lo = '(' .. string.format('%d', now - p)
+    local used = redis.call('ZCOUNT', key, lo, '+inf')
+    local reset, newest = 0, 0
+    if used > 0 then
+      newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+      reset = newest + p - now
     end
-    return {d}
-  end
-  d[ALLOWED] = 1
-  d[REMAINING] = n - used - cost
-  if cost > 0 then
-    newest = max(newest, now)
-    d[RESET_US] = newest + p - now
-  end
-  return {d}, function()
-    if cost == 0 then return {} end
+    if used + cost > n then
+      local retry = p
+      if cost <= n then
+        local e = redis.call('ZRANGEBYSCORE', key, lo, '+inf', 'WITHSCORES', 'LIMIT', used + cost - n - 1, 1)
+        retry = tonumber(e[2]) + p - now
+      end
+      put(out, o, 0, max(0, n - used), reset, retry, 0)
+      return false
+    end
+    if cost > 0 then
+      newest = max(newest, now)
+      reset = newest + p - now
+    end
+    put(out, o, 1, n - used - cost, reset, 0, 0)
+    return true, newest
+  end,
+  commit = function(key, now, cost, args, pos, nl, record, newest)
+    if cost == 0 then return end
+    local p = tonumber(args[pos + 1])
     redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - p))
     -- Members must be unique, or ZADD would only rescore one and lose a unit: seq
     -- starts at the live count and steps past any member that already exists (after
@@ -52,8 +54,8 @@ function A.sliding_log.check(key, now, cost, lims, record)
     end
     redis.call('PEXPIRE', key, ttl(newest + p - now))
     return members
-  end, {key}
-end
-function A.sliding_log.refund(key, now, cost, lims, extra)
-  if #extra > 0 then redis.call('ZREM', key, unpack(extra)) end
-end
+  end,
+  refund = function(key, now, cost, args, pos, nl, extra)
+    if #extra > 0 then redis.call('ZREM', key, unpack(extra)) end
+  end,
+})

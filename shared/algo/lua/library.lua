@@ -1,0 +1,211 @@
+-- library: the entry points, which run the algorithms above for a lone request
+-- (decide), several independent requests in one call (many) and the refund of a charge
+-- (refund). Package algo appends the lines that make them callable: one
+-- redis.register_function per entry for the Functions library (FCALL <library>_<entry>),
+-- or `return E.<entry>(KEYS, ARGV)` for the EVALSHA of the same source. Each entry
+-- binds the standard functions (prelude.lua's bind) on its first call.
+--
+-- decide: every meter of one request, all-or-nothing, in one round trip.
+--   KEYS[i]: the key of meter i (all in one cluster slot).
+--   ARGV: now_us ('' = the server's clock; a caller's clock adds one second to every
+--     TTL, see prelude.lua), cost, undo (1: reply with what a refund needs), meter
+--     count M, then per meter: algorithm, shadow (0|1), record ('' = none), limit
+--     count L, then L times: count, period_us, capacity, bucket_us.
+--   Reply: {now_us, allowed (0|1), then per meter per limit: allowed, remaining,
+--     reset_after_us, retry_after_us, delay_us}; with undo, then per charged meter:
+--     meter index (from 0), key count, then per key: name, dump before ('' = absent),
+--     pexpiretime before (ms, -2 = absent), dump after ('' = absent); extra count,
+--     extra... Without undo every element is a number (never nil or false): the Go
+--     side reads the reply as integers.
+--   Every meter is checked (read-only) first; only when no non-shadow meter denies are
+--   the meters that allow charged. A shadow meter that denies is reported, not charged.
+--
+-- many: several independent requests, each decided as decide decides it (all-or-nothing
+--   within a request, never across requests). The requests' keys must all be on this
+--   node. One call saves Redis the dispatch of each command and the setup of each call.
+--   KEYS: every request's keys, request after request.
+--   ARGV: request count R, then per request: its key count, its argument count N, and
+--     its N arguments: decide's ARGV.
+--   Time: the server's clock is read at most once for the whole batch.
+--   Reply: R elements, each decide's reply to that request, or an error reply when the
+--     request failed (the other requests are unaffected).
+--
+-- refund: undo the charge of a decide call (made with undo) whose request a later
+--   cluster slot denied.
+--   KEYS: per meter, its key then the keys its commit wrote (all in one cluster slot).
+--   ARGV: charged_now_us, refund_now_us ('' = the server's clock), cost, meter count M,
+--     then per meter: algorithm, record, limit count L, L times {count, period_us,
+--     capacity, bucket_us}, key count K, K times {dump before ('' = absent),
+--     pexpiretime before (ms, -2 = absent), dump after ('' = absent)}, extra count E,
+--     E extra values (from decide's undo).
+--   For each meter: when every key it wrote still holds exactly the bytes the charge
+--   left, the keys are restored byte for byte (RESTORE ... ABSTTL, or DEL where the key
+--   was absent); when anything else wrote them since, the algorithm's own inverse gives
+--   the units back instead, so a refund never loses another request's charge.
+--   Reply: the number of meters restored byte for byte.
+
+local function server_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function unknown(name)
+  return redis.error_reply('tollgate: unknown algorithm ' .. tostring(name))
+end
+
+-- charge runs the commit of meter i, whose ARGV starts at args[mpos], with the state
+-- its check returned; with undo, every key it may write is dumped before and after,
+-- so that a refund can restore the bytes exactly when nothing else touched them in
+-- between, and meter i's undo record is appended to out.
+local function charge(out, undo, i, algo, key, now, cost, args, mpos, s1, s2, s3, s4)
+  local nl, record = tonumber(args[mpos + 3]), args[mpos + 2]
+  if not undo then
+    algo.commit(key, now, cost, args, mpos + 4, nl, record, s1, s2, s3, s4)
+    return
+  end
+  local writes = algo.writes(key, now, args, mpos + 4, nl, record)
+  local before, expires = {}, {}
+  for k = 1, #writes do
+    before[k] = redis.call('DUMP', writes[k]) or ''
+    expires[k] = redis.call('PEXPIRETIME', writes[k])
+  end
+  local extra = algo.commit(key, now, cost, args, mpos + 4, nl, record, s1, s2, s3, s4) or {}
+  out[#out + 1] = i - 1
+  out[#out + 1] = #writes
+  for k = 1, #writes do
+    out[#out + 1] = writes[k]
+    out[#out + 1] = before[k]
+    out[#out + 1] = expires[k]
+    out[#out + 1] = redis.call('DUMP', writes[k]) or ''
+  end
+  out[#out + 1] = #extra
+  for k = 1, #extra do out[#out + 1] = extra[k] end
+end
+
+-- request decides one request: its keys from keys[k0 + 1] on, its ARGV (decide's)
+-- from args[a0 + 1] on; server is the server's clock when the caller read it already.
+-- It returns decide's reply, or an error reply for an unknown algorithm.
+local function request(keys, k0, args, a0, server)
+  local now
+  if args[a0 + 1] == '' then
+    now = server or server_now()
+    ttl_slack = 0
+  else
+    now = tonumber(args[a0 + 1])
+    ttl_slack = 1000000
+  end
+  local cost = tonumber(args[a0 + 2])
+  local undo = args[a0 + 3] == '1'
+  local m = tonumber(args[a0 + 4])
+  local pos = a0 + 5
+  local out = {now, 1}
+  if m == 1 and not undo then
+    -- one meter: nothing else can deny, so it is charged as soon as it allows
+    local algo = A[args[pos]]
+    if not algo then return unknown(args[pos]) end
+    local key, nl, record = keys[k0 + 1], tonumber(args[pos + 3]), args[pos + 2]
+    local ok, s1, s2, s3, s4 = algo.check(key, now, cost, args, pos + 4, nl, record, out, 2)
+    if ok then
+      algo.commit(key, now, cost, args, pos + 4, nl, record, s1, s2, s3, s4)
+    elseif args[pos + 1] ~= '1' then
+      out[2] = 0
+    end
+    return out
+  end
+  -- several meters (or undo data): check every meter, then charge the meters that
+  -- allow only when no meter that is not a shadow denies
+  local pending = {}
+  for i = 1, m do
+    local algo = A[args[pos]]
+    if not algo then return unknown(args[pos]) end
+    local nl = tonumber(args[pos + 3])
+    local ok, s1, s2, s3, s4 = algo.check(keys[k0 + i], now, cost, args, pos + 4, nl, args[pos + 2], out, #out)
+    if ok then
+      pending[#pending + 1] = {i, algo, pos, s1, s2, s3, s4}
+    elseif args[pos + 1] ~= '1' then
+      out[2] = 0
+    end
+    pos = pos + 4 + 4 * nl
+  end
+  if out[2] == 0 then return out end
+  for c = 1, #pending do
+    local p = pending[c]
+    charge(out, undo, p[1], p[2], keys[k0 + p[1]], now, cost, args, p[3], p[4], p[5], p[6], p[7])
+  end
+  return out
+end
+
+local E = {}
+
+function E.decide(keys, args)
+  if not floor then bind() end
+  return request(keys, 0, args, 0)
+end
+
+function E.many(keys, args)
+  if not floor then bind() end
+  local r = tonumber(args[1])
+  local out, server = {}, nil
+  local kp, ap = 0, 1
+  for i = 1, r do
+    local nk, na = tonumber(args[ap + 1]), tonumber(args[ap + 2])
+    if args[ap + 3] == '' and not server then server = server_now() end
+    -- a request that fails (an unknown algorithm, a key of the wrong type) fails alone
+    local ok, v = pcall(request, keys, kp, args, ap + 2, server)
+    if ok or type(v) == 'table' then
+      out[i] = v -- decide's reply, or an error reply (redis.call raises one)
+    else
+      out[i] = redis.error_reply(tostring(v))
+    end
+    kp, ap = kp + nk, ap + 2 + na
+  end
+  return out
+end
+
+-- restore puts back the K keys of one meter from their snapshot, which starts at
+-- args[pos]; key k of the meter is keys[kpos + k].
+local function restore(keys, kpos, args, pos, nk)
+  for k = 1, nk do
+    local name = keys[kpos + k]
+    local before, exp = args[pos + (k - 1) * 3], tonumber(args[pos + (k - 1) * 3 + 1])
+    if before == '' then
+      redis.call('DEL', name)
+    elseif exp > 0 then
+      redis.call('RESTORE', name, exp, before, 'REPLACE', 'ABSTTL')
+    else
+      redis.call('RESTORE', name, 0, before, 'REPLACE')
+    end
+  end
+end
+
+function E.refund(keys, args)
+  if not floor then bind() end
+  local now = tonumber(args[1])
+  local refund_now = tonumber(args[2]) or server_now()
+  local cost = tonumber(args[3])
+  local pos, kpos, exact = 5, 1, 0
+  for _ = 1, tonumber(args[4]) do
+    local algo = A[args[pos]]
+    if not algo then return unknown(args[pos]) end
+    local record, nl, lpos = args[pos + 1], tonumber(args[pos + 2]), pos + 3
+    pos = lpos + 4 * nl
+    local nk = tonumber(args[pos])
+    pos = pos + 1
+    local same = true
+    for k = 1, nk do
+      if (redis.call('DUMP', keys[kpos + k]) or '') ~= args[pos + (k - 1) * 3 + 2] then same = false end
+    end
+    local ne = tonumber(args[pos + nk * 3])
+    local extra = {}
+    for e = 1, ne do extra[e] = args[pos + nk * 3 + e] end
+    if same then
+      restore(keys, kpos, args, pos, nk)
+      exact = exact + 1
+    else
+      algo.refund(keys[kpos], now, cost, args, lpos, nl, extra, record, refund_now)
+    end
+    pos = pos + nk * 3 + 1 + ne
+    kpos = kpos + 1 + nk
+  end
+  return exact
+end

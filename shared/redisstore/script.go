@@ -1,0 +1,220 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+)
+
+// Every call of tollgate's Lua goes through exec: a decision, a batch of them, a
+// refund. The Lua is one Redis Functions library (algo.Lua), loaded once per node
+// with FUNCTION LOAD and called with FCALL, so a call runs the decision alone and not
+// the definitions of every algorithm. A server without Redis Functions (Redis before
+// 7, miniredis) runs the same source as scripts, with EVALSHA; the store switches to
+// them the first time a server answers that it has no FUNCTION command.
+
+// A scriptCall is one call of an entry point of the library.
+type scriptCall struct {
+	entry algo.Entry
+	// args is the whole command: two places for the command and the function (or
+	// script) that command fills in, the key count, the keys, then ARGV. It is built
+	// once, in the slice go-redis sends (BenchmarkDecide reports the allocations).
+	args []any
+	ints bool // the reply is read as integers (decide without undo data)
+	// cmd is the command last sent; an *redis.IntSliceCmd when ints, else a *redis.Cmd.
+	cmd redis.Cmder
+}
+
+// callArgs returns the start of a call's command for keys, with room for argc more
+// arguments: the command's two places, the key count and the keys.
+func callArgs(keys []string, argc int) []any {
+	args := make([]any, 3, 3+len(keys)+argc)
+	args[2] = len(keys)
+	for i := range keys {
+		// A *string boxes without an allocation; go-redis writes it, and hashes it to
+		// a cluster slot, as the string.
+		args = append(args, &keys[i])
+	}
+	return args
+}
+
+// decideCall is the call of the decide entry for c.
+func decideCall(c algo.Check, undo bool) *scriptCall {
+	args := algo.AppendDecideArgs(callArgs(c.Keys, 4+8*len(c.Meters)), c, undo)
+	return &scriptCall{entry: algo.EntryDecide, args: args, ints: !undo}
+}
+
+// entryCall is the call of entry e with keys and argv.
+func entryCall(e algo.Entry, keys []string, argv []any) *scriptCall {
+	return &scriptCall{entry: e, args: append(callArgs(keys, len(argv)), argv...)}
+}
+
+// value returns the reply of a call whose reply is not read as integers.
+func (sc *scriptCall) value() (any, error) {
+	cmd, ok := sc.cmd.(*redis.Cmd)
+	if !ok {
+		return nil, fmt.Errorf("redisstore: %s reply read as %T, want *redis.Cmd", sc.entry, sc.cmd)
+	}
+	return cmd.Result()
+}
+
+// reply decodes the reply of a decide call for meters.
+func (sc *scriptCall) reply(meters []algo.Meter) (algo.Reply, error) {
+	if !sc.ints {
+		v, err := sc.value()
+		if err != nil {
+			return algo.Reply{}, err
+		}
+		return algo.ParseDecideReply(v, meters)
+	}
+	cmd, ok := sc.cmd.(*redis.IntSliceCmd)
+	if !ok {
+		return algo.Reply{}, fmt.Errorf("redisstore: decide reply read as %T, want *redis.IntSliceCmd", sc.cmd)
+	}
+	vals, err := cmd.Result()
+	if err != nil {
+		return algo.Reply{}, err
+	}
+	return algo.ParseDecideInts(vals, meters)
+}
+
+// exec sends calls, one command or one pipeline, and sends again once those a node
+// could not run because it lacks the library (a restart without persistence, a
+// FUNCTION FLUSH or SCRIPT FLUSH, a failover to a node that never had it): this is
+// the one place that loads the library after the first time. A call that failed
+// otherwise is never sent again, since it may have run. Each call's command holds its
+// own result or error.
+func (s *Store) exec(ctx context.Context, calls ...*scriptCall) {
+	s.send(ctx, calls)
+	var again []*scriptCall
+	for _, sc := range calls {
+		if missing(sc.cmd.Err()) {
+			again = append(again, sc)
+		}
+	}
+	if len(again) == 0 {
+		return
+	}
+	if err := s.Preload(ctx); err != nil {
+		for _, sc := range again {
+			sc.cmd.SetErr(err)
+		}
+		return
+	}
+	s.send(ctx, again)
+}
+
+// send builds every call's command and sends them in one round trip.
+func (s *Store) send(ctx context.Context, calls []*scriptCall) {
+	for _, sc := range calls {
+		sc.cmd = s.command(ctx, sc)
+	}
+	if len(calls) == 1 {
+		_ = s.client.Process(ctx, calls[0].cmd)
+		return
+	}
+	pipe := s.client.Pipeline()
+	for _, sc := range calls {
+		_ = pipe.Process(ctx, sc.cmd)
+	}
+	// Each command carries its own error; Exec's is the first of them.
+	_, _ = pipe.Exec(ctx)
+}
+
+// command returns the FCALL (or, without Redis Functions, the EVALSHA) of sc.
+func (s *Store) command(ctx context.Context, sc *scriptCall) redis.Cmder {
+	if s.noFunctions.Load() {
+		sc.args[0], sc.args[1] = "evalsha", s.scripts[sc.entry].Hash()
+	} else {
+		sc.args[0], sc.args[1] = "fcall", s.functions[sc.entry]
+	}
+	if sc.ints {
+		cmd := redis.NewIntSliceCmd(ctx, sc.args...)
+		cmd.SetFirstKeyPos(3)
+		return cmd
+	}
+	cmd := redis.NewCmd(ctx, sc.args...)
+	cmd.SetFirstKeyPos(3)
+	return cmd
+}
+
+// missing reports whether err says that the node lacks the library: the function
+// (or, without Redis Functions, the script) is unknown, or FCALL itself is.
+func missing(err error) bool {
+	if err == nil {
+		return false
+	}
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return false
+	}
+	msg := reply.Error()
+	return strings.HasPrefix(msg, "NOSCRIPT") || strings.HasPrefix(msg, "ERR Function not found") || unknownCommand(reply)
+}
+
+// unknownCommand reports whether err is a server's answer to a command it does not
+// have.
+func unknownCommand(err error) bool {
+	return err != nil && strings.Contains(strings.ToLower(err.Error()), "unknown command")
+}
+
+// Preload loads the library on every node (every master of a cluster), so the first
+// decisions need no second round trip. Decisions load it by themselves on a node that
+// lacks it; Preload also tells a store whose server cannot run it.
+func (s *Store) Preload(ctx context.Context) error {
+	if s.cc == nil {
+		return s.load(ctx, s.client)
+	}
+	functions := !s.noFunctions.Load()
+	err := s.cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return s.load(ctx, c) })
+	if err == nil && functions && s.noFunctions.Load() {
+		// A master had no FUNCTION: the masters that loaded the library need the
+		// scripts too.
+		err = s.cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return s.load(ctx, c) })
+	}
+	return err
+}
+
+// load loads the library on one node: FUNCTION LOAD REPLACE, or SCRIPT LOAD of each
+// entry's script where the server has no FUNCTION.
+func (s *Store) load(ctx context.Context, c redis.Cmdable) error {
+	if !s.noFunctions.Load() {
+		err := c.FunctionLoadReplace(ctx, s.lua.FunctionSource()).Err()
+		if err == nil {
+			return nil
+		}
+		if !unknownCommand(err) {
+			return fmt.Errorf("redisstore: load the Lua library %s: %w", s.lua.Name, err)
+		}
+		s.noFunctions.Store(true)
+	}
+	for _, e := range algo.Entries {
+		if err := s.scripts[e].Load(ctx, c).Err(); err != nil {
+			return fmt.Errorf("redisstore: load the %s script: %w", e, err)
+		}
+	}
+	return nil
+}
+
+// loaded reports whether one node has the library.
+func (s *Store) loaded(ctx context.Context, c redis.Cmdable) (bool, error) {
+	if !s.noFunctions.Load() {
+		libs, err := c.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: s.lua.Name}).Result()
+		if err == nil || !unknownCommand(err) {
+			return len(libs) > 0, err
+		}
+		return false, nil // load finds out that there is no FUNCTION
+	}
+	for _, e := range algo.Entries {
+		ok, err := s.scripts[e].Exists(ctx, c).Result()
+		if err != nil || len(ok) == 0 || !ok[0] {
+			return false, err
+		}
+	}
+	return true, nil
+}
