@@ -74,7 +74,6 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/emf"
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/policy"
-	"github.com/tollgate-dev/tollgate/shared/redisrefund"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/reload"
 )
@@ -199,10 +198,7 @@ func build(ctx context.Context, cfg config, stdout io.Writer, log *slog.Logger) 
 	}
 	var refunder engine.Refunder // leases give back unused units on their next request
 	if a.store != nil {
-		if refunder, err = redisrefund.New(a.store.Client()); err != nil {
-			a.close()
-			return nil, fmt.Errorf("authorizer: %w", err)
-		}
+		refunder = a.store
 	}
 	eng, err = engine.New(engine.Config{Policy: p, Store: store, Logger: log, Refunder: refunder})
 	if err != nil {

@@ -32,7 +32,6 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/erl"
 	"github.com/tollgate-dev/tollgate/shared/policy"
-	"github.com/tollgate-dev/tollgate/shared/redisrefund"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/reload"
 	"github.com/tollgate-dev/tollgate/shared/rls"
@@ -335,12 +334,8 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 	}
 	// The engines of envoyproxy/ratelimit's domains come first, so that the store's
 	// circuit breakers take the policy's settings from the engine made last.
-	// Leased limits give back their unused units with the refund script.
-	refunder, err := redisrefund.New(store.Client())
-	if err != nil {
-		s.Close()
-		return nil, err
-	}
+	// Leased limits give back their unused units with the library's refund.
+	refunder := store
 	var domains map[string]rls.Domain
 	if c.ERLConfig != "" {
 		if domains, err = erlEngines(c.ERLConfig, decider, metrics.Hooks(), log); err != nil {

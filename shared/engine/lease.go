@@ -60,7 +60,7 @@ import (
 // Refunder gives back units charged in the store: cost units of every meter of c,
 // charged by a decision the store made at chargedMicros (Unix µs, the store's
 // clock), as redisstore's refund script does when the keys have been written since
-// (memstore.Store and redisrefund.Refunder implement it).
+// (memstore.Store and redisstore.Store implement it).
 type Refunder interface {
 	Refund(ctx context.Context, c algo.Check, chargedMicros int64) error
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/policy"
-	"github.com/tollgate-dev/tollgate/shared/redisrefund"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 )
@@ -49,10 +48,7 @@ func redisInstances(t *testing.T, srv *redistest.Server, p *policy.Policy, batch
 		if err := st.Preload(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		rf, err := redisrefund.New(st.Client())
-		if err != nil {
-			t.Fatal(err)
-		}
+		rf := st
 		var decider engine.Store = st
 		if batched {
 			if decider, err = redisstore.NewBatcher(st, redisstore.BatchConfig{}); err != nil {

@@ -1,4 +1,4 @@
-package redisrefund_test
+package redisstore_test
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/memstore"
-	"github.com/tollgate-dev/tollgate/shared/redisrefund"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 )
@@ -24,10 +23,6 @@ func TestRefund(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	rf, err := redisrefund.New(st.Client())
-	if err != nil {
-		t.Fatal(err)
-	}
 	const t0 = int64(1_700_000_000_000_000) // a window's start
 	for _, tc := range []struct {
 		name  string
@@ -54,7 +49,7 @@ func TestRefund(t *testing.T) {
 				name   string
 				decide func(context.Context, algo.Check) (algo.Outcome, error)
 				refund func(context.Context, algo.Check, int64) error
-			}{{"redis", st.Decide, rf.Refund}, {"memstore", mem.Decide, mem.Refund}} {
+			}{{"redis", st.Decide, st.Refund}, {"memstore", mem.Decide, mem.Refund}} {
 				ctx := context.Background()
 				out, err := s.decide(ctx, algo.Check{Keys: keys, Meters: m, Cost: 10, NowMicros: t0})
 				if err != nil || !out.Allowed {
