@@ -475,7 +475,7 @@ func run(ctx context.Context, getenv func(string) string, args []string, log *sl
 			ln.Close()
 			return fmt.Errorf("--grpc-listen: %w", err)
 		}
-		gs := grpc.NewServer()
+		gs := grpc.NewServer(rls.ServerOptions()...)
 		rlsv3.RegisterRateLimitServiceServer(gs, s.rls)
 		go func() {
 			if err := gs.Serve(gln); err != nil {

@@ -44,8 +44,8 @@ type BatchConfig struct {
 // A standalone endpoint that is really a sharding proxy (twemproxy, Envoy's Redis
 // proxy) cannot run one script over several clients' keys: do not batch behind one.
 //
-// Batcher implements the engine's Store interface. It is safe for simultaneous use
-// and starts no goroutine of its own while idle.
+// Batcher implements the engine's Store interface. It is safe for simultaneous use;
+// the goroutines that send batches end a second after the last one.
 type Batcher struct {
 	store    *Store
 	maxBatch int
@@ -56,6 +56,8 @@ type Batcher struct {
 	queue    []*call
 	inflight int // round trips (lone or pipelined) under way
 	timer    *time.Timer
+	// flushes hands a batch to an idle flusher (see handOff).
+	flushes chan []*call
 }
 
 // call is one queued request.
@@ -83,6 +85,7 @@ func NewBatcher(store *Store, cfg BatchConfig) (*Batcher, error) {
 		maxWait:  def(cfg.MaxWait, DefaultMaxWait),
 	}
 	b.calls.New = func() any { return &call{done: make(chan struct{}, 1)} }
+	b.flushes = make(chan []*call)
 	b.timer = time.AfterFunc(time.Hour, b.expire)
 	b.timer.Stop()
 	return b, nil
@@ -138,7 +141,7 @@ func (b *Batcher) decide(ctx context.Context, c algo.Check, node string) (algo.O
 		b.mu.Unlock()
 		out, err := b.lone(ctx, c)
 		if batch := b.finish(); batch != nil {
-			go b.flushLoop(batch)
+			b.handOff(batch)
 		}
 		return out, err
 	}
@@ -156,7 +159,7 @@ func (b *Batcher) decide(ctx context.Context, c algo.Check, node string) (algo.O
 	}
 	b.mu.Unlock()
 	if batch != nil {
-		go b.flushLoop(batch)
+		b.handOff(batch)
 	}
 	select {
 	case <-cl.done:
@@ -260,7 +263,38 @@ func (b *Batcher) expire() {
 	}
 	batch := b.take()
 	b.mu.Unlock()
-	b.flushLoop(batch)
+	b.handOff(batch)
+}
+
+// flusherIdle is how long a flusher waits for another batch before it ends.
+const flusherIdle = time.Second
+
+// handOff sends batch on a flusher that is idle, or on a new one. A flusher waits a
+// while for the next batch before it ends, so that under load batches go out on
+// goroutines whose stacks have already grown to what a pipeline needs: a goroutine
+// per batch spent a tenth of BenchmarkShouldRateLimit's CPU growing its stack.
+func (b *Batcher) handOff(batch []*call) {
+	select {
+	case b.flushes <- batch:
+	default:
+		go b.flusher(batch)
+	}
+}
+
+// flusher sends batch, and the batches handed to it after, until none comes for
+// flusherIdle.
+func (b *Batcher) flusher(batch []*call) {
+	idle := time.NewTimer(flusherIdle)
+	defer idle.Stop()
+	for {
+		b.flushLoop(batch)
+		idle.Reset(flusherIdle)
+		select {
+		case batch = <-b.flushes:
+		case <-idle.C:
+			return
+		}
+	}
 }
 
 // flushLoop sends batch, then whatever queued behind it, until the queue is empty.

@@ -59,7 +59,7 @@ func serve(t testing.TB, srv *rls.Server) rlsv3.RateLimitServiceClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(rls.ServerOptions()...)
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	go gs.Serve(ln)
 	t.Cleanup(gs.Stop)
