@@ -63,11 +63,11 @@ func TestDecideWaitsForReplicas(t *testing.T) {
 	ctx := context.Background()
 	one := meterOf(algo.FixedWindow, 2, time.Hour)
 	tests := []struct {
-		name             string
-		meters           []algo.Meter
-		allowed          bool
-		waits            int64 // WAITs the master runs
-		unreplicated     int64 // the store's count after the step
+		name         string
+		meters       []algo.Meter
+		allowed      bool
+		waits        int64 // WAITs the master runs
+		unreplicated int64 // the store's count after the step
 	}{
 		{"no replicas asked", []algo.Meter{one}, true, 0, 0},
 		{"one replica asked", []algo.Meter{durable(one, 1, time.Second)}, true, 1, 0},
