@@ -17,27 +17,6 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 )
 
-// waitCalls returns how many WAIT commands the node behind c has run.
-func waitCalls(t *testing.T, c *redis.Client) int64 {
-	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.Lines(info) {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_wait:calls=")
-		if !ok {
-			continue
-		}
-		n, err := strconv.ParseInt(rest[:strings.IndexByte(rest+",", ',')], 10, 64)
-		if err != nil {
-			t.Fatalf("INFO commandstats %q: %v", line, err)
-		}
-		return n
-	}
-	return 0
-}
-
 // durable returns m asking for count replicas within timeout.
 func durable(m algo.Meter, count int, timeout time.Duration) algo.Meter {
 	m.Replicas = algo.Replicas{Count: count, Timeout: timeout}
@@ -83,7 +62,7 @@ func TestDecideWaitsForReplicas(t *testing.T) {
 		if i == len(tests)-1 {
 			keys = []string{"{r3}m0"} // the same key as the step before, which is full
 		}
-		before := waitCalls(t, mc)
+		before := master.CommandCalls(t, "wait")
 		out, err := b.Decide(ctx, algo.Check{Keys: keys, Meters: tt.meters, Cost: 1})
 		if err != nil {
 			t.Fatalf("%s: Decide() = %v", tt.name, err)
@@ -91,7 +70,7 @@ func TestDecideWaitsForReplicas(t *testing.T) {
 		if out.Allowed != tt.allowed {
 			t.Errorf("%s: Decide().Allowed = %v, want %v", tt.name, out.Allowed, tt.allowed)
 		}
-		if got := waitCalls(t, mc) - before; got != tt.waits {
+		if got := master.CommandCalls(t, "wait") - before; got != tt.waits {
 			t.Errorf("%s: the master ran %d WAITs, want %d", tt.name, got, tt.waits)
 		}
 		if got := store.Unreplicated(); got != tt.unreplicated {
@@ -102,7 +81,7 @@ func TestDecideWaitsForReplicas(t *testing.T) {
 	// Concurrent requests, which the Batcher would send together, each still get
 	// their own WAIT: they bypass the batch.
 	const workers, each = 16, 50
-	before := waitCalls(t, mc)
+	before := master.CommandCalls(t, "wait")
 	m := durable(meterOf(algo.FixedWindow, workers*each, time.Hour), 1, time.Second)
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
@@ -122,7 +101,7 @@ func TestDecideWaitsForReplicas(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	if got := waitCalls(t, mc) - before; got != workers*each {
+	if got := master.CommandCalls(t, "wait") - before; got != workers*each {
 		t.Errorf("%d concurrent decisions through the Batcher: the master ran %d WAITs, want %d", workers*each, got, workers*each)
 	}
 }
@@ -152,25 +131,18 @@ func TestClusterWaitsOnTheKeysMaster(t *testing.T) {
 	store := loadedStore(t, cc)
 	ctx := context.Background()
 	a, z := "{a}durable", "{z}plain"
-	ma, err := cc.MasterForKey(ctx, a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mz, err := cc.MasterForKey(ctx, z)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ma.Options().Addr == mz.Options().Addr {
-		t.Fatalf("%q and %q share master %s; pick keys on two", a, z, ma.Options().Addr)
+	ma, mz := cl.MasterForKey(t, a), cl.MasterForKey(t, z)
+	if ma == mz {
+		t.Fatalf("%q and %q share master %s; pick keys on two", a, z, ma.Addr)
 	}
 	for i := range 3 {
-		beforeA, beforeZ := waitCalls(t, ma), waitCalls(t, mz)
+		beforeA, beforeZ := ma.CommandCalls(t, "wait"), mz.CommandCalls(t, "wait")
 		m := meterOf(algo.GCRA, 10, time.Hour)
 		out, err := store.Decide(ctx, algo.Check{Keys: []string{a, z}, Meters: []algo.Meter{durable(m, 1, time.Second), m}, Cost: 1})
 		if err != nil || !out.Allowed {
 			t.Fatalf("Decide() #%d = %+v, %v; want allowed", i, out, err)
 		}
-		if ga, gz := waitCalls(t, ma)-beforeA, waitCalls(t, mz)-beforeZ; ga != 1 || gz != 0 {
+		if ga, gz := ma.CommandCalls(t, "wait")-beforeA, mz.CommandCalls(t, "wait")-beforeZ; ga != 1 || gz != 0 {
 			t.Errorf("Decide() #%d: WAITs on the durable key's master %d, on the other %d; want 1 and 0", i, ga, gz)
 		}
 	}
