@@ -50,7 +50,11 @@ func callArgs(keys []string, argc int) []any {
 // decideCall is the call of the decide entry for c.
 func decideCall(c algo.Check, undo bool) *scriptCall {
 	args := algo.AppendDecideArgs(callArgs(c.Keys, 4+8*len(c.Meters)), c, undo)
-	return &scriptCall{entry: algo.EntryDecide, args: args, ints: !undo, replicas: c.Replicas()}
+	sc := &scriptCall{entry: algo.EntryDecide, args: args, ints: !undo}
+	if c.Cost > 0 {
+		sc.replicas = c.Replicas() // a peek (cost 0) writes nothing to wait for
+	}
+	return sc
 }
 
 // entryCall is the call of entry e with keys and argv.
@@ -156,10 +160,30 @@ func (s *Store) sendDurable(ctx context.Context, sc *scriptCall) {
 		node = c
 	}
 	pipe := node.Pipeline()
-	_ = pipe.Process(ctx, sc.cmd)
+	_ = pipe.Process(ctx, &keptCmd{Cmder: sc.cmd})
 	sc.wait = redis.NewIntCmd(ctx, "wait", sc.replicas.Count, sc.replicas.Timeout.Milliseconds())
 	_ = pipe.Process(ctx, sc.wait)
 	_, _ = pipe.Exec(ctx)
+}
+
+// A keptCmd keeps the reply of its command once read: go-redis gives every command of
+// a pipeline the pipeline's error when one read fails, so a WAIT that the client's
+// read deadline cuts off would otherwise take away the decision that came before it.
+// The decision was made and charged on the master; it stands. (Redis 7.0 fires a
+// WAIT's timeout on its next cron tick when it is otherwise idle, up to 1000/hz ms
+// late: a WAIT on a master without its replicas can outlast the client's deadline.)
+type keptCmd struct {
+	redis.Cmder
+	read bool // the reply was read
+}
+
+// SetErr sets the command's error until its reply has been read without one.
+func (k *keptCmd) SetErr(err error) {
+	if k.read {
+		return
+	}
+	k.read = err == nil
+	k.Cmder.SetErr(err)
 }
 
 // waited reports whether sc's charge reached the replicas it asked for, counting it
