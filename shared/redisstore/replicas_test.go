@@ -150,3 +150,26 @@ func TestClusterWaitsOnTheKeysMaster(t *testing.T) {
 		t.Errorf("Unreplicated() = %d, want 0 (every master has a replica)", got)
 	}
 }
+
+// TestDecisionOutlivesItsWait asks for a replica a master does not have, with a
+// timeout longer than the client's read deadline: the deadline cuts the WAIT off, and
+// the decision the master made before it stands, counted as unreplicated.
+func TestDecisionOutlivesItsWait(t *testing.T) {
+	t.Parallel()
+	master := redistest.StartServer(t)
+	store, err := redisstore.Open(redisstore.Config{URL: master.URL(), Timeout: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	m := durable(meterOf(algo.FixedWindow, 1, time.Hour), 1, time.Second)
+	for i, want := range []bool{true, false} {
+		out, err := store.Decide(context.Background(), algo.Check{Keys: []string{"{cut}"}, Meters: []algo.Meter{m}, Cost: 1})
+		if err != nil || out.Allowed != want {
+			t.Fatalf("Decide() #%d = %+v, %v; want allowed %v and no error", i, out, err, want)
+		}
+	}
+	if got := store.Unreplicated(); got != 1 {
+		t.Errorf("Unreplicated() = %d, want 1 (the admission; the denial charged nothing)", got)
+	}
+}
