@@ -72,15 +72,7 @@ func measureLostCharges(t *testing.T, url string, cluster bool, replicas string,
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, b := openBatcher(t, url, cluster)
 	eng, err := engine.New(engine.Config{Policy: p, Store: b, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -209,4 +201,19 @@ rules:
     match: {api_key: "*"}
     limits: [{algorithm: fixed_window, rate: %d/d%s}]
 `, lostLimit, opt)
+}
+
+// openBatcher opens a store on the Redis at url, closed when t ends, and a Batcher on it.
+func openBatcher(t *testing.T, url string, cluster bool) (*redisstore.Store, *redisstore.Batcher) {
+	t.Helper()
+	store, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, b
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/policy"
-	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 )
 
@@ -26,15 +25,7 @@ import (
 // admission.
 func TestReplicasPrice(t *testing.T) {
 	s := redistest.StartSentinel(t)
-	store, err := redisstore.Open(redisstore.Config{URL: s.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, b := openBatcher(t, s.URL(), false)
 	const keys, workers, rounds = 30, 32, 3
 	phase := 1500 * time.Millisecond
 	modes := []string{"", durableReplicas}
