@@ -41,6 +41,31 @@ type Meter struct {
 	Record string
 	// Shadow meters are decided and charged when they allow, but never deny a request.
 	Shadow bool
+	// Replicas asks the store to have the meter's charge acknowledged by replicas
+	// before it answers; the zero value asks for none.
+	Replicas Replicas
+}
+
+// Replicas asks a store to have a decision's writes acknowledged by Count replicas
+// of the node that made them, waiting at most Timeout, before the decision is
+// answered (Redis WAIT). It narrows what a failover can lose: a charge whose
+// acknowledgement came is on a replica when the master dies. When fewer replicas
+// acknowledge in time, the charge stands on the master and so does the decision;
+// the store counts the shortfall. The zero value asks for nothing.
+type Replicas struct {
+	Count   int           // replicas that must acknowledge; 0 for none
+	Timeout time.Duration // the longest the node waits for them, in whole milliseconds
+}
+
+// Replicas returns what the meters of c ask of replicas together: the most
+// replicas and the longest timeout any of them asks for.
+func (c Check) Replicas() Replicas {
+	var r Replicas
+	for _, m := range c.Meters {
+		r.Count = max(r.Count, m.Replicas.Count)
+		r.Timeout = max(r.Timeout, m.Replicas.Timeout)
+	}
+	return r
 }
 
 // Validate reports whether the meter can be decided: at least one limit, every limit

@@ -32,53 +32,47 @@ const lostLimit = 1_000_000_000
 // README's failover section quotes them) and asserts only that the loss is bounded
 // by what was admitted in the last moments before the kill.
 func TestFailoverLostCharges(t *testing.T) {
-	t.Run("cluster", func(t *testing.T) {
-		c := redistest.StartCluster(t, redistest.WithReplicas(1), redistest.WithNodeTimeout(failoverNodeTimeout))
-		measureLostCharges(t, c.URL(), true, func(plans []engine.Plan) (func(int) bool, func()) {
-			dead := c.MasterForSlot(t, algo.Slot(plans[0].Check.Keys[0]))
-			replica := c.ReplicaOf(t, dead)
-			onDead := func(i int) bool { return c.MasterForSlot(t, algo.Slot(plans[i].Check.Keys[0])) == dead }
-			return onDead, func() {
-				dead.Kill()
-				untilBound(c.WaitPromoted(t, replica, 15*time.Second))
-			}
+	// Each run once as the limit is by default, and once with the limit's replicas
+	// option, which WAITs for the replica before every answer.
+	for _, opt := range []struct{ name, replicas string }{{"async", ""}, {"replicas", durableReplicas}} {
+		t.Run("cluster/"+opt.name, func(t *testing.T) {
+			c := redistest.StartCluster(t, redistest.WithReplicas(1), redistest.WithNodeTimeout(failoverNodeTimeout))
+			measureLostCharges(t, c.URL(), true, opt.replicas, func(plans []engine.Plan) (func(int) bool, *redistest.Server, func()) {
+				dead := c.MasterForSlot(t, algo.Slot(plans[0].Check.Keys[0]))
+				replica := c.ReplicaOf(t, dead)
+				onDead := func(i int) bool { return c.MasterForSlot(t, algo.Slot(plans[i].Check.Keys[0])) == dead }
+				return onDead, dead, func() {
+					dead.Kill()
+					untilBound(c.WaitPromoted(t, replica, 15*time.Second))
+				}
+			})
 		})
-	})
-	t.Run("sentinel", func(t *testing.T) {
-		s := redistest.StartSentinel(t, redistest.WithDownAfter(failoverNodeTimeout))
-		measureLostCharges(t, s.URL(), false, func([]engine.Plan) (func(int) bool, func()) {
-			return func(int) bool { return true }, func() {
-				s.Master().Kill()
-				untilBound(s.WaitPromoted(t, s.Replica(), 20*time.Second).Announced)
-			}
+		t.Run("sentinel/"+opt.name, func(t *testing.T) {
+			s := redistest.StartSentinel(t, redistest.WithDownAfter(failoverNodeTimeout))
+			measureLostCharges(t, s.URL(), false, opt.replicas, func([]engine.Plan) (func(int) bool, *redistest.Server, func()) {
+				return func(int) bool { return true }, s.Master(), func() {
+					s.Master().Kill()
+					untilBound(s.WaitPromoted(t, s.Replica(), 20*time.Second).Announced)
+				}
+			})
 		})
-	})
+	}
 }
 
-// measureLostCharges runs the load on the Redis at url; failover names the keys of the
-// master it will kill, and kills it, returning once the failover is over. Then each
+// durableReplicas is the replicas option of the failover and price measurements: one
+// replica must acknowledge each charge, waiting at most 50ms.
+const durableReplicas = "{count: 1, timeout: 50ms}"
+
+// measureLostCharges runs the load on the Redis at url, with the limit's replicas
+// option set to replicas ("" for none); failover names the keys of the master it will
+// kill and the master, and kills it, returning once the failover is over. Then each
 // dead-master key's admissions are compared with its count in Redis.
-func measureLostCharges(t *testing.T, url string, cluster bool, failover func([]engine.Plan) (onDead func(int) bool, kill func())) {
-	p, err := policy.Parse(fmt.Appendf(nil, `
-domain: test
-failure: {mode: closed, timeout: 250ms}
-rules:
-  - name: per-key
-    match: {api_key: "*"}
-    limits: [{algorithm: fixed_window, rate: %d/d}]
-`, lostLimit))
+func measureLostCharges(t *testing.T, url string, cluster bool, replicas string, failover func([]engine.Plan) (onDead func(int) bool, dead *redistest.Server, kill func())) {
+	p, err := policy.Parse(lostPolicy(replicas))
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, b := openBatcher(t, url, cluster)
 	eng, err := engine.New(engine.Config{Policy: p, Store: b, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +88,7 @@ rules:
 			t.Fatal(err)
 		}
 	}
-	deadKey, kill := failover(plans)
+	deadKey, dead, kill := failover(plans)
 	onDead := make([]bool, keys)
 	for i := range plans {
 		onDead[i] = deadKey(i)
@@ -133,6 +127,7 @@ rules:
 	t0 := time.Now()
 	time.Sleep(500 * time.Millisecond)
 	rate := float64(sent.Load()-before) / time.Since(t0).Seconds()
+	waits := dead.CommandCalls(t, "wait")
 	killedAt.Store(time.Now().UnixNano())
 	kill()
 	over := time.Now()
@@ -165,6 +160,7 @@ rules:
 	perKeyRate := rate / keys
 	t.Logf("load %.0f decisions/s over %d keys (%.0f/s a key), %d workers; master killed, load stopped %v later (failover and the recovery bound)",
 		rate, keys, perKeyRate, workers, over.Sub(time.Unix(0, killedAt.Load())).Round(time.Millisecond))
+	t.Logf("replicas: %q; WAITs the dead master ran: %d; admissions answered before their replica acknowledged (Unreplicated): %d", replicas, waits, store.Unreplicated())
 	t.Logf("the dead master's %d keys: %d admissions seen, %d counted by the promoted replica; charges lost: %d (%d keys lost some, at most %d on one key); %d failure-mode answers",
 		deadKeys, admitted, counted, lost, lostKeys, maxLost, degraded.Load())
 	if admitted == 0 {
@@ -175,4 +171,49 @@ rules:
 	if bound := int64(perKeyRate) + 1; maxLost > bound {
 		t.Errorf("one key lost %d charges at the failover, want at most one second of its admissions (%d)", maxLost, bound)
 	}
+	if replicas == "" {
+		return
+	}
+	// With the option every admission waited for the replica: the master ran a WAIT
+	// for each, and a charge can be lost only if it was answered without the
+	// replica's acknowledgement (WAIT timed out), which the store counts.
+	if waits == 0 {
+		t.Errorf("the dead master ran no WAIT under the replicas option %s", replicas)
+	}
+	if u := store.Unreplicated(); lost > u {
+		t.Errorf("%d charges lost with the replicas option, want at most the %d answered before their replica acknowledged them", lost, u)
+	}
+}
+
+// lostPolicy is the policy of the lost-charges and price measurements: one
+// fixed_window limit per API key, high enough never to deny, asking for replicas
+// ("" for none).
+func lostPolicy(replicas string) []byte {
+	opt := ""
+	if replicas != "" {
+		opt = ", replicas: " + replicas
+	}
+	return fmt.Appendf(nil, `
+domain: test
+failure: {mode: closed, timeout: 250ms}
+rules:
+  - name: per-key
+    match: {api_key: "*"}
+    limits: [{algorithm: fixed_window, rate: %d/d%s}]
+`, lostLimit, opt)
+}
+
+// openBatcher opens a store on the Redis at url, closed when t ends, and a Batcher on it.
+func openBatcher(t *testing.T, url string, cluster bool) (*redisstore.Store, *redisstore.Batcher) {
+	t.Helper()
+	store, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, b
 }

@@ -48,8 +48,9 @@ var (
 	identityFields  = []string{"trusted_proxies", "ipv6_prefix"}
 	denyCacheFields = []string{"enabled", "max_entries"}
 	ruleFields      = []string{"name", "match", "limits", "unlimited", "replaces", "shadow"}
-	limitFields     = []string{"algorithm", "rate", "burst", "bucket", "record", "calendar", "lease"}
-	leaseFields     = []string{"units", "for"} // lease: see Lease and decoder.lease
+	limitFields     = []string{"algorithm", "rate", "burst", "bucket", "record", "calendar", "lease", "replicas"}
+	leaseFields     = []string{"units", "for"}     // lease: see Lease and decoder.lease
+	replicasFields  = []string{"count", "timeout"} // replicas: see decoder.replicas
 	calendarFields  = []string{"timezone"}
 	eachFields      = []string{"each"}
 )
@@ -862,6 +863,7 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 			r.Limits = append(r.Limits, l)
 			r.Records = append(r.Records, rec)
 			r.addLease(j, d.lease(ln, lp, l, rec, r.Shadow)) // lease: see decoder.lease
+			r.Replicas = addPer(r.Replicas, j, d.replicas(ln, lp))
 			limitNodes = append(limitNodes, d.node(ln))
 			if d.over {
 				return r, nameNode
@@ -1330,4 +1332,34 @@ func (d *decoder) lease(n *yaml.Node, path string, l algo.Limit, record string, 
 		}
 	}
 	return ls
+}
+
+// replicas decodes the replicas field of the limit mapping n at path (see
+// algo.Replicas), or returns the zero value when there is none.
+func (d *decoder) replicas(n *yaml.Node, path string) algo.Replicas {
+	var quiet decoder // the limit's own problems are decoder.limit's to report
+	v := d.optional(quiet.mapping(n, path, limitFields, ""), "replicas")
+	if v == nil {
+		return algo.Replicas{}
+	}
+	path += ".replicas"
+	f := d.mapping(v, path, replicasFields, "a mapping with count and timeout, e.g. replicas: {count: 1, timeout: 5ms}")
+	if f == nil {
+		return algo.Replicas{}
+	}
+	var rp algo.Replicas
+	if c, present := d.required(f, v, path, "count", "say how many replicas must acknowledge each charge, e.g. count: 1"); present {
+		n, _ := d.integer(c, path+".count", 1, MaxReplicas)
+		rp.Count = int(n)
+	}
+	if t, present := d.required(f, v, path, "timeout", "say how long the master may wait for them, e.g. timeout: 5ms"); present {
+		rp.Timeout, _ = d.duration(t, path+".timeout", MinReplicasTimeout, MaxReplicasTimeout, "5ms")
+		if rp.Timeout%time.Millisecond != 0 {
+			d.add(t, path+".timeout", "Redis waits in whole milliseconds; round it, e.g. timeout: 5ms")
+		}
+	}
+	if rp.Count == 0 || rp.Timeout == 0 {
+		return algo.Replicas{}
+	}
+	return rp
 }

@@ -57,7 +57,7 @@ rules:
 	//	rules[0].limits[0].rate: "5/x": unknown unit "x"; use ms, s, min, h or day (line 6)
 	//	rules[0].limits[0].burst: "10": sliding_log has no burst; remove it or use token_bucket, gcra or leaky_bucket (line 6)
 	//	rules[1].name: "per-key" is used by rules[0]; rule names must be unique (line 7)
-	//	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease (line 9)
+	//	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas (line 9)
 }
 
 // A hot global limit served from leases: each instance reserves 50 units at a time

@@ -44,15 +44,26 @@ func (r *Rule) compile(shardBy string) {
 				r.meterRecord = append(r.meterRecord, "")
 			}
 			r.Meters[ring].Limits = append(r.Meters[ring].Limits, l)
+			rp := &r.Meters[ring].Replicas
+			rp.Count = max(rp.Count, r.limitReplicas(i).Count)
+			rp.Timeout = max(rp.Timeout, r.limitReplicas(i).Timeout)
 			continue
 		}
-		r.Meters = append(r.Meters, algo.Meter{Limits: []algo.Limit{l}, Shadow: r.Shadow})
+		r.Meters = append(r.Meters, algo.Meter{Limits: []algo.Limit{l}, Shadow: r.Shadow, Replicas: r.limitReplicas(i)})
 		r.meterRecord = append(r.meterRecord, r.Records[i])
 		r.recording = r.recording || r.Records[i] != ""
 	}
 	for i, m := range r.Meters {
 		r.meterIDs = append(r.meterIDs, algo.MeterID(i, m))
 	}
+}
+
+// limitReplicas returns the replicas limit i asks for, or the zero value.
+func (r *Rule) limitReplicas(i int) algo.Replicas {
+	if r.Replicas == nil {
+		return algo.Replicas{}
+	}
+	return r.Replicas[i]
 }
 
 // applies reports whether every attribute the rule names is present in attrs with

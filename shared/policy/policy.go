@@ -188,6 +188,10 @@ type Rule struct {
 	// Records holds, per limit, the name of the attribute whose value is kept with
 	// each admitted request, or "" for none.
 	Records []string
+	// Replicas holds, per limit, the replicas its charges must reach before the
+	// decision is answered (algo.Replicas; the policy's replicas field); the zero
+	// value for none. Nil when no limit of the rule asks.
+	Replicas []algo.Replicas
 	// Meters are the compiled limits, one store key each: the rule's bucket_ring limits
 	// form one meter (at the place of the first of them), every other limit its own.
 	// Record is empty here; Match fills it from the request.
@@ -260,15 +264,27 @@ func (ls Lease) Problems(l algo.Limit, record string, shadow bool) [][2]string {
 
 // addLease appends the lease of the rule's limit j (decoded in order), keeping
 // Leases nil until some limit leases.
-func (r *Rule) addLease(j int, ls Lease) {
-	if r.Leases == nil && ls == (Lease{}) {
-		return
+func (r *Rule) addLease(j int, ls Lease) { r.Leases = addPer(r.Leases, j, ls) }
+
+// addPer returns per, a slice with one entry per limit, with v appended as the entry
+// of limit j (decoded in order); per stays nil until some entry is not the zero value.
+func addPer[T comparable](per []T, j int, v T) []T {
+	var zero T
+	if per == nil && v == zero {
+		return nil
 	}
-	if r.Leases == nil {
-		r.Leases = make([]Lease, j)
+	if per == nil {
+		per = make([]T, j)
 	}
-	r.Leases = append(r.Leases, ls)
+	return append(per, v)
 }
+
+// Bounds of a limit's replicas field (algo.Replicas).
+const (
+	MaxReplicas        = 10
+	MinReplicasTimeout = time.Millisecond
+	MaxReplicasTimeout = time.Second
+)
 
 // MeterLease returns the lease of the rule's meter i (an index into Meters), or the
 // zero Lease.

@@ -263,6 +263,21 @@ func TestValidation(t *testing.T) {
 				"rules[0].limits[1].lease.for: want a duration with a unit, such as 100ms, got the number 100",
 				"rules[0].limits[2].lease.for: for must be a whole number of milliseconds from 1ms to 1h, e.g. for: 100ms",
 			}},
+		{"replicas out of range", rule("{algorithm: gcra, rate: 100/s, replicas: {count: 0, timeout: 2s}}", "{algorithm: fixed_window, rate: 100/s, replicas: {count: 11, timeout: 5}}", "{algorithm: token_bucket, rate: 100/s, replicas: {count: 1, timeout: 1500us}}"),
+			[]string{
+				"rules[0].limits[0].replicas.count: 0: must be from 1 to 10",
+				`rules[0].limits[0].replicas.timeout: "2s": must be from 1ms to 1s`,
+				"rules[0].limits[1].replicas.count: 11: must be from 1 to 10",
+				"rules[0].limits[1].replicas.timeout: want a duration with a unit, such as 5ms, got the number 5",
+				"rules[0].limits[2].replicas.timeout: Redis waits in whole milliseconds; round it, e.g. timeout: 5ms",
+			}},
+		{"replicas missing fields", rule("{algorithm: gcra, rate: 100/s, replicas: {cont: 1}}", "{algorithm: gcra, rate: 100/s, replicas: 1}"),
+			[]string{
+				"rules[0].limits[0].replicas.count: missing; say how many replicas must acknowledge each charge, e.g. count: 1",
+				"rules[0].limits[0].replicas.timeout: missing; say how long the master may wait for them, e.g. timeout: 5ms",
+				`rules[0].limits[0].replicas.cont: unknown field; known fields: count, timeout; did you mean "count"?`,
+				"rules[0].limits[1].replicas: want a mapping with count and timeout, e.g. replicas: {count: 1, timeout: 5ms}, got the number 1",
+			}},
 		{"lease missing fields", rule("{algorithm: gcra, rate: 100/s, lease: {unit: 5}}", "{algorithm: gcra, rate: 100/s, lease: 5}"),
 			[]string{
 				"rules[0].limits[0].lease.units: missing; say how many units to reserve at a time, e.g. units: 50",
@@ -278,9 +293,9 @@ func TestValidation(t *testing.T) {
 		{"unknown top-level field", "domain: d\ncolour: red\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
 			[]string{"colour: unknown field; known fields: domain, prefix, shard_by, failure, identity, deny_cache, plans, rules"}},
 		{"unknown limit field", rule("{algorithm: gcra, rate: 1/s, colour: red}"),
-			[]string{"rules[0].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease"}},
+			[]string{"rules[0].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas"}},
 		{"misspelt field", rule("{algorithm: gcra, rate: 1/s, brust: 3}"),
-			[]string{`rules[0].limits[0].brust: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease; did you mean "burst"?`}},
+			[]string{`rules[0].limits[0].brust: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas; did you mean "burst"?`}},
 		{"unknown fields everywhere", "domain: d\nfailure: {mode: open, retries: 3, breaker: {fails: 1}}\nidentity: {proxies: 1}\ndeny_cache: {size: 1}\nrules: [{name: r, when: x, limits: [{algorithm: gcra, rate: 1/s, cost: 2}]}]\n",
 			[]string{
 				"failure.retries: unknown field; known fields: mode, timeout, expected_instances, breaker",
@@ -288,7 +303,7 @@ func TestValidation(t *testing.T) {
 				"identity.proxies: unknown field; known fields: trusted_proxies, ipv6_prefix",
 				"deny_cache.size: unknown field; known fields: enabled, max_entries",
 				"rules[0].when: unknown field; known fields: name, match, limits, unlimited, replaces, shadow",
-				"rules[0].limits[0].cost: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease",
+				"rules[0].limits[0].cost: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas",
 			}},
 		{"repeated field", "domain: d\ndomain: e\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
 			[]string{"domain: appears twice (first on line 1); remove one"}},
@@ -439,7 +454,7 @@ func TestValidationErrorMessage(t *testing.T) {
 	want := `policy: 3 problems:
 	rules[0].limits[0].rate: "1/x": unknown unit "x"; use ms, s, min, h or day (line 3)
 	rules[1].name: "a" is used by rules[0]; rule names must be unique (line 4)
-	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease (line 4)`
+	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas (line 4)`
 	if err == nil || err.Error() != want {
 		t.Errorf("Parse().Error() = %v, want %s", err, want)
 	}
@@ -576,5 +591,41 @@ func TestMeterLease(t *testing.T) {
 	}
 	if plain.Leasing() || plain.Rules[0].Leases != nil {
 		t.Errorf("a policy without leases: Leasing() = %v, Leases = %v; want false, nil", plain.Leasing(), plain.Rules[0].Leases)
+	}
+}
+
+// TestMeterReplicas parses limits that ask for replicas beside a bucket_ring (whose
+// limits form one meter, which asks for the most any of them asks) and one that asks
+// for none.
+func TestMeterReplicas(t *testing.T) {
+	t.Parallel()
+	p, err := policy.Parse([]byte(`domain: d
+rules:
+  - name: r
+    limits:
+      - {algorithm: bucket_ring, rate: 10/s, replicas: {count: 1, timeout: 20ms}}
+      - {algorithm: gcra, rate: 5/s}
+      - {algorithm: bucket_ring, rate: 50/10s, replicas: {count: 2, timeout: 5ms}}
+      - {algorithm: fixed_window, rate: 5/s, replicas: {count: 1, timeout: 5ms}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []algo.Replicas{{Count: 2, Timeout: 20 * time.Millisecond}, {}, {Count: 1, Timeout: 5 * time.Millisecond}}
+	r := p.Rules[0]
+	if len(r.Meters) != len(want) {
+		t.Fatalf("Parse() = %d meters, want %d", len(r.Meters), len(want))
+	}
+	for i, w := range want {
+		if got := r.Meters[i].Replicas; got != w {
+			t.Errorf("Meters[%d].Replicas = %+v, want %+v (meter %v)", i, got, w, r.Meters[i].Limits)
+		}
+	}
+	plain, err := policy.Parse([]byte("domain: d\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain.Rules[0].Replicas != nil {
+		t.Errorf("a policy without replicas: Replicas = %v, want nil", plain.Rules[0].Replicas)
 	}
 }

@@ -39,7 +39,8 @@ type BatchConfig struct {
 // entry (algo.EntryMany); on a cluster it is one pipeline per node of one decide call
 // per request. Either way each request is decided all-or-nothing on its own, with its own
 // reply or error; only the round trip is shared. A request whose keys span several
-// cluster slots bypasses the batcher and takes Store.Decide (with its refunds).
+// cluster slots bypasses the batcher and takes Store.Decide (with its refunds), and so
+// does one that waits for replicas (algo.Replicas): WAIT covers a connection's writes.
 //
 // A standalone endpoint that is really a sharding proxy (twemproxy, Envoy's Redis
 // proxy) cannot run one script over several clients' keys: do not batch behind one.
@@ -113,7 +114,7 @@ func (b *Batcher) Health(ctx context.Context) []breaker.Status { return b.store.
 // Store.Decide: a request for a node whose breaker is open fails at once.
 func (b *Batcher) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) {
 	c = c.AtWindows(nowOr(c.NowMicros))
-	if len(c.Keys) != len(c.Meters) || len(c.Meters) == 0 || (b.store.cluster && !oneSlot(c.Keys)) {
+	if len(c.Keys) != len(c.Meters) || len(c.Meters) == 0 || (b.store.cluster && !oneSlot(c.Keys)) || c.Replicas().Count > 0 {
 		return b.store.Decide(ctx, c)
 	}
 	node, err := b.store.nodeOf(ctx, c.Keys[0])

@@ -31,6 +31,9 @@ type Store struct {
 	functions   map[algo.Entry]any
 	scripts     map[algo.Entry]*redis.Script
 	noFunctions atomic.Bool
+	// unreplicated counts the charges answered before the replicas they asked for
+	// acknowledged them (algo.Replicas).
+	unreplicated atomic.Int64
 	// stopWatch and watchDone stop and await a Sentinel master's switch watch
 	// (nil when the store has none).
 	stopWatch context.CancelFunc
@@ -208,8 +211,21 @@ func (s *Store) call(ctx context.Context, c algo.Check, undo bool) (algo.Reply, 
 	if err != nil {
 		return algo.Reply{}, runError(c, err)
 	}
+	if rep.Allowed {
+		// The charge is made on the master whether the replicas acknowledged it in
+		// time or not, and the decision stands either way: denying a request that was
+		// charged would count it against the limit without admitting it, and a failed
+		// WAIT says nothing about the charge. The shortfall is counted (Unreplicated).
+		s.waited(sc)
+	}
 	return rep, nil
 }
+
+// Unreplicated returns how many admitted decisions that asked for replicas
+// (algo.Replicas) were answered before that many replicas acknowledged their charge:
+// the charges a failover could still lose. A rising count means a replica is down,
+// lagging, or slower than the limit's timeout.
+func (s *Store) Unreplicated() int64 { return s.unreplicated.Load() }
 
 // slotGroups returns the indexes of keys grouped by cluster slot, in order of first
 // appearance.
@@ -229,6 +245,8 @@ func slotGroups(keys []string) [][]int {
 	return groups
 }
 
+// subCheck is the part of c on the meters at idx; only those meters' replicas
+// (algo.Replicas) are waited for.
 func subCheck(c algo.Check, idx []int) algo.Check {
 	sub := algo.Check{Cost: c.Cost, NowMicros: c.NowMicros}
 	for _, i := range idx {

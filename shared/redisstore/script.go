@@ -28,6 +28,10 @@ type scriptCall struct {
 	ints bool // the reply is read as integers (decide without undo data)
 	// cmd is the command last sent; an *redis.IntSliceCmd when ints, else a *redis.Cmd.
 	cmd redis.Cmder
+	// replicas is what the call's writes must reach before it is answered; when
+	// Count is above 0 a WAIT follows the call on its connection, and wait holds it.
+	replicas algo.Replicas
+	wait     *redis.IntCmd
 }
 
 // callArgs returns the start of a call's command for keys, with room for argc more
@@ -46,7 +50,11 @@ func callArgs(keys []string, argc int) []any {
 // decideCall is the call of the decide entry for c.
 func decideCall(c algo.Check, undo bool) *scriptCall {
 	args := algo.AppendDecideArgs(callArgs(c.Keys, 4+8*len(c.Meters)), c, undo)
-	return &scriptCall{entry: algo.EntryDecide, args: args, ints: !undo}
+	sc := &scriptCall{entry: algo.EntryDecide, args: args, ints: !undo}
+	if c.Cost > 0 {
+		sc.replicas = c.Replicas() // a peek (cost 0) writes nothing to wait for
+	}
+	return sc
 }
 
 // entryCall is the call of entry e with keys and argv.
@@ -114,6 +122,10 @@ func (s *Store) send(ctx context.Context, calls []*scriptCall) {
 	for _, sc := range calls {
 		sc.cmd = s.command(ctx, sc)
 	}
+	if len(calls) == 1 && calls[0].replicas.Count > 0 {
+		s.sendDurable(ctx, calls[0])
+		return
+	}
 	if len(calls) == 1 {
 		_ = s.client.Process(ctx, calls[0].cmd)
 		return
@@ -124,6 +136,67 @@ func (s *Store) send(ctx context.Context, calls []*scriptCall) {
 	}
 	// Each command carries its own error; Exec's is the first of them.
 	_, _ = pipe.Exec(ctx)
+}
+
+// sendDurable sends sc and, in the same pipeline on the same connection, WAIT for
+// the replicas it asks for: WAIT blocks until that connection's writes so far reach
+// them, so it must follow the call on the node that ran it (in a cluster, the master
+// of the call's slot; go-redis would send a command without keys to any node). The
+// pair is one round trip; the node answers it once the replicas acknowledge or the
+// timeout passes.
+func (s *Store) sendDurable(ctx context.Context, sc *scriptCall) {
+	var node redis.Cmdable = s.client
+	if s.cc != nil {
+		key, _ := sc.args[3].(*string) // callArgs puts the first key there
+		if key == nil {
+			sc.cmd.SetErr(fmt.Errorf("redisstore: %s call without a key cannot wait for replicas", sc.entry))
+			return
+		}
+		c, err := s.cc.MasterForKey(ctx, *key)
+		if err != nil {
+			sc.cmd.SetErr(fmt.Errorf("redisstore: find the master of %q: %w", *key, err))
+			return
+		}
+		node = c
+	}
+	pipe := node.Pipeline()
+	_ = pipe.Process(ctx, &keptCmd{Cmder: sc.cmd})
+	sc.wait = redis.NewIntCmd(ctx, "wait", sc.replicas.Count, sc.replicas.Timeout.Milliseconds())
+	_ = pipe.Process(ctx, sc.wait)
+	_, _ = pipe.Exec(ctx)
+}
+
+// A keptCmd keeps the reply of its command once read: go-redis gives every command of
+// a pipeline the pipeline's error when one read fails, so a WAIT that the client's
+// read deadline cuts off would otherwise take away the decision that came before it.
+// The decision was made and charged on the master; it stands. (Redis 7.0 fires a
+// WAIT's timeout on its next cron tick when it is otherwise idle, up to 1000/hz ms
+// late: a WAIT on a master without its replicas can outlast the client's deadline.)
+type keptCmd struct {
+	redis.Cmder
+	read bool // the reply was read
+}
+
+// SetErr sets the command's error until its reply has been read without one.
+func (k *keptCmd) SetErr(err error) {
+	if k.read {
+		return
+	}
+	k.read = err == nil
+	k.Cmder.SetErr(err)
+}
+
+// waited reports whether sc's charge reached the replicas it asked for, counting it
+// in s.unreplicated when it did not. A call that asks for none reached them.
+func (s *Store) waited(sc *scriptCall) bool {
+	if sc.replicas.Count == 0 || sc.wait == nil {
+		return true
+	}
+	if n, err := sc.wait.Result(); err == nil && n >= int64(sc.replicas.Count) {
+		return true
+	}
+	s.unreplicated.Add(1)
+	return false
 }
 
 // command returns the FCALL (or, without Redis Functions, the EVALSHA) of sc.

@@ -506,12 +506,20 @@ func (s *Server) Do(t testing.TB, args ...any) any {
 // commands a script runs are counted apart, and are no round trips.)
 func (s *Server) ScriptCalls(t testing.TB) int64 {
 	t.Helper()
+	return s.CommandCalls(t, "evalsha", "eval", "fcall", "fcall_ro")
+}
+
+// CommandCalls returns how many times s has run the commands named (lower-case, as
+// INFO commandstats names them) since it started.
+func (s *Server) CommandCalls(t testing.TB, names ...string) int64 {
+	t.Helper()
 	info, ok := s.Do(t, "INFO", "commandstats").(string)
 	if !ok {
 		t.Fatalf("redistest: INFO commandstats on %s: not a string", s.Addr)
 	}
 	var n int64
-	for _, cmd := range []string{"cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall", "cmdstat_fcall_ro"} {
+	for _, name := range names {
+		cmd := "cmdstat_" + name
 		stats, found := infoField(info, cmd) // calls=N,usec=…
 		if !found {
 			continue
