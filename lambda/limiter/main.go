@@ -323,6 +323,10 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		return nil, err
 	}
 	s.store = store
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "tollgate_unreplicated_total",
+		Help: "Admissions of limits with replicas whose charge did not reach that many replicas before the WAIT timed out (the decision stands).",
+	}, func() float64 { return float64(store.Unreplicated()) }))
 	var decider engine.Store = store
 	if c.Batch {
 		b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{})

@@ -155,9 +155,13 @@ func TestEmbeddedRedis(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != 200 {
 			t.Errorf("GET %s = %d, want 200", p, resp.StatusCode)
+		}
+		if p == "/metrics" && !strings.Contains(string(body), "tollgate_unreplicated_total 0") {
+			t.Errorf("GET /metrics lacks tollgate_unreplicated_total 0")
 		}
 	}
 }
