@@ -34,6 +34,7 @@ const (
 	ctxRateLimit       = "rateLimit"
 	ctxRateLimitPolicy = "rateLimitPolicy"
 	ctxRule            = "rule"
+	ctxPlan            = "plan" // the plan the policy's table gave the key, when it has plans
 )
 
 // Results of a decision, the Result dimension of the Decisions metric.
@@ -157,6 +158,11 @@ func (h *Handler) Handle(ctx context.Context, raw []byte) (any, error) {
 	h.log.Debug("decided", "request_id", reqID, "event", r.shape.String(), "principal", r.principal,
 		"result", result, "rule", v.Rule, "degraded", v.Degraded)
 	c := decisionContext(v)
+	if pl := pol.Plans; pl != nil && plan.Attributes[pl.Attribute] != "" {
+		// The backend (and a decision service behind it, through a header mapped from
+		// $context.authorizer.plan) learns the key's plan without the table.
+		c[ctxPlan] = plan.Attributes[pl.Attribute]
+	}
 	switch r.shape {
 	case httpV2:
 		return events.APIGatewayV2CustomAuthorizerSimpleResponse{IsAuthorized: v.Allowed, Context: c}, nil

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -803,5 +804,38 @@ func TestBlankForwardedFor(t *testing.T) {
 	}
 	if a, fb := send(restRequest, "10.0.0.1", "198.51.100.77"); !a.allowed || fb != 0 {
 		t.Errorf("well-formed X-Forwarded-For: allowed %v, IdentityFallbacks %v, want true, 0", a.allowed, fb)
+	}
+}
+
+// TestPlanInContext gives the authorizer a policy whose plan table holds the SHA-256
+// of the test's API key and token: the context carries the plan for both (the token
+// found by the hash the authorizer made of it), and a client that sends the table's
+// hash as its API key gets the default plan.
+func TestPlanInContext(t *testing.T) {
+	t.Parallel()
+	key, tok := sha256.Sum256([]byte(testAPIKey)), sha256.Sum256([]byte(testToken))
+	doc := fmt.Sprintf(`{"domain": "public-api", "plans": {"default": "free", "keys": {"sha256:%x": "pro", "sha256:%x": "pro"}},
+  "rules": [{"name": "pro", "match": {"api_key": "*", "plan": "pro"}, "limits": [{"algorithm": "gcra", "rate": "100/s"}]},
+            {"name": "free", "match": {"api_key": "*", "plan": "free"}, "limits": [{"algorithm": "gcra", "rate": "10/s"}]}]}`, key, tok)
+	ta := newTestApp(t, map[string]string{"TOLLGATE_POLICY_JSON": doc})
+	request := readEvent(t, "rest-request-authorizer.json")
+	spoof := bytes.ReplaceAll(request, []byte(testAPIKey), []byte(algo.HashValue(testAPIKey)))
+	for _, c := range []struct {
+		what    string
+		payload []byte
+		want    string
+	}{
+		{"an API key in the table", request, "pro"},
+		{"a token in the table", readEvent(t, "rest-token-authorizer.json"), "pro"},
+		{"the table's hash sent as an API key", spoof, "free"},
+	} {
+		m, err := ta.invoke(t, c.payload)
+		if err != nil {
+			t.Fatalf("%s: Invoke() error = %v", c.what, err)
+		}
+		ctx, _ := m["context"].(map[string]any)
+		if ctx["plan"] != c.want || ctx["rule"] != c.want {
+			t.Errorf("%s: context plan %v, rule %v; want %s for both", c.what, ctx["plan"], ctx["rule"], c.want)
+		}
 	}
 }
