@@ -32,11 +32,14 @@ import (
 //     checked to be at most Count (counters only fall between r and t, and the
 //     weight 1-f only falls): the algorithm's bound holds as without leases.
 //   - token_bucket and gcra: the bucket (the TAT) never gives out more than its
-//     capacity plus its refill, and every admitted unit was taken out before it was
-//     admitted. A unit may be spent up to For after it was taken, so over an
-//     interval the admissions can pass capacity + rate·length by the units held at
-//     its start: at most Units per instance (and at most rate·For). Leasing these
-//     trades that for fewer round trips; window algorithms are exact.
+//     capacity C plus its refill r·length over any interval. A reservation takes
+//     Units + m out, m = ⌈r·For⌉ (policy.Lease.Margin), and spends at most Units,
+//     each within For after it. The units admitted in an interval [a,b] come from
+//     the k ≥ 1 reservations made in [a−For, b], which took out at most
+//     C + r·(b−a+For) ≥ Σ(Units_i + m): so Σ Units_i ≤ C + r·(b−a) + m − k·m ≤
+//     C + r·(b−a), the bucket's own bound, exactly (TestLeaseBucketBound). The
+//     margin is the price: it refills, never spent, so a bucket's lease is best
+//     short (the policy requires Units + m ≤ C).
 //
 // What is unused when a lease ends (For after the reservation or at its window's
 // end) is given back through the Refunder, with the time it was charged at, so the
@@ -242,7 +245,7 @@ func (e *Engine) takeLease(ctx context.Context, p Plan, i int, l *lease) (taken,
 				return taken{}, false, nil
 			}
 		}
-		if _, denied := known.denies(l.key, l.terms.Units, now); denied {
+		if _, denied := known.denies(l.key, l.cost(), now); denied {
 			l.mu.Unlock()
 			return taken{}, false, nil
 		}
@@ -264,10 +267,14 @@ func (e *Engine) takeLease(ctx context.Context, p Plan, i int, l *lease) (taken,
 	}
 }
 
-// reserve charges a reservation of l.terms.Units on the lease's key and, when the
-// store grants it, makes it the lease's. A denial is remembered in the deny cache.
+// cost is what a reservation charges: its units, and for a bucket the margin of its
+// refill over For (policy.Lease.Margin), which is never given back.
+func (l *lease) cost() int64 { return l.terms.Units + l.terms.Margin(l.meter.Limits[0]) }
+
+// reserve charges a reservation (l.cost) on the lease's key and, when the store
+// grants it, makes its units the lease's. A denial is remembered in the deny cache.
 func (e *Engine) reserve(ctx context.Context, p Plan, i int, l *lease) (bool, error) {
-	c := algo.Check{Keys: []string{l.key}, Meters: []algo.Meter{l.meter}, Cost: l.terms.Units}
+	c := algo.Check{Keys: []string{l.key}, Meters: []algo.Meter{l.meter}, Cost: l.cost()}
 	sent := e.clock().UnixMicro()
 	out, err := e.decideInStore(ctx, p.cur.pol, c)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"os"
 	"strconv"
 	"strings"
@@ -206,9 +207,9 @@ type Rule struct {
 }
 
 // A Lease lets each instance serve a hot limit from a slice of its quota: the
-// instance reserves Units in the store in one decision of cost Units on the limit's
-// key (so the store charges every reserved unit, and never more is admitted than the
-// limit) and admits from them in process until they are spent or the lease ends, For
+// instance reserves Units in the store in one decision of cost Units (plus Margin,
+// for a bucket) on the limit's key (so the store charges every reserved unit, and
+// never more is admitted than the limit) and admits from them in process until they are spent or the lease ends, For
 // after the reservation or at the end of the window it was reserved in, whichever
 // comes first; what is unused then is given back (see package engine). The zero
 // Lease is no lease.
@@ -219,6 +220,34 @@ type Rule struct {
 type Lease struct {
 	Units int64         // units reserved at a time, 1 to the limit's capacity
 	For   time.Duration // the longest a reservation is spent from, 1ms to 1h
+}
+
+// Margin is what a reservation of a bucket (token_bucket, gcra) charges beyond its
+// Units and never gives back: the bucket's refill over For, rate × For rounded up.
+// Units are spent up to For after the bucket gave them out, while it refills; the
+// margin takes that refill out ahead, so that the units spent in any interval stay
+// within capacity + rate × its length, as without leases. A window algorithm's
+// reservation is spent inside its own window, and its margin is 0.
+func (ls Lease) Margin(l algo.Limit) int64 {
+	if l.Algorithm != algo.TokenBucket && l.Algorithm != algo.GCRA || l.Period <= 0 {
+		return 0
+	}
+	num := new(big.Int).Mul(big.NewInt(l.Count), big.NewInt(int64(ls.For)))
+	q, r := new(big.Int).QuoRem(num, big.NewInt(int64(l.Period)), new(big.Int))
+	if r.Sign() > 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	if !q.IsInt64() {
+		return 1 << 62
+	}
+	return q.Int64()
+}
+
+// leaseForHint suggests a lease's for for a bucket: half the longest for whose refill
+// fits beside units in the burst.
+func leaseForHint(l algo.Limit, units int64) time.Duration {
+	d := time.Duration(float64(l.Period) * float64(max(0, l.Capacity()-units)) / float64(2*l.Count))
+	return max(time.Millisecond, d.Truncate(time.Millisecond))
 }
 
 // Bounds of a lease's fields.
@@ -255,6 +284,8 @@ func (ls Lease) Problems(l algo.Limit, record string, shadow bool) [][2]string {
 	}
 	if ls.Units < 1 || (l.Count > 0 && ls.Units > l.Capacity()) {
 		bad("units", fmt.Sprintf("units must be 1 to the limit's capacity (%d); a tenth of it or less leaves room for other instances, e.g. units: %d", l.Capacity(), max(1, l.Capacity()/10)))
+	} else if m := ls.Margin(l); l.Count > 0 && ls.For > 0 && ls.Units+m > l.Capacity() {
+		bad("for", fmt.Sprintf("a %s lease charges units plus the refill over for (%d + %d) at once, more than the burst of %d; shorten for (e.g. for: %v) or lower units", l.Algorithm, ls.Units, m, l.Capacity(), leaseForHint(l, ls.Units)))
 	}
 	if ls.For < MinLeaseFor || ls.For > MaxLeaseFor || ls.For%time.Millisecond != 0 {
 		bad("for", "for must be a whole number of milliseconds from 1ms to 1h, e.g. for: 100ms")

@@ -263,6 +263,10 @@ func TestValidation(t *testing.T) {
 				"rules[0].limits[1].lease.for: want a duration with a unit, such as 100ms, got the number 100",
 				"rules[0].limits[2].lease.for: for must be a whole number of milliseconds from 1ms to 1h, e.g. for: 100ms",
 			}},
+		{"a bucket's lease whose refill does not fit its burst", rule("{algorithm: gcra, rate: 100/s, burst: 100, lease: {units: 50, for: 1s}}", "{algorithm: token_bucket, rate: 100/s, burst: 100, lease: {units: 50, for: 500ms}}"),
+			[]string{
+				"rules[0].limits[0].lease.for: a gcra lease charges units plus the refill over for (50 + 100) at once, more than the burst of 100; shorten for (e.g. for: 250ms) or lower units",
+			}},
 		{"replicas out of range", rule("{algorithm: gcra, rate: 100/s, replicas: {count: 0, timeout: 2s}}", "{algorithm: fixed_window, rate: 100/s, replicas: {count: 11, timeout: 5}}", "{algorithm: token_bucket, rate: 100/s, replicas: {count: 1, timeout: 1500us}}"),
 			[]string{
 				"rules[0].limits[0].replicas.count: 0: must be from 1 to 10",
@@ -285,7 +289,7 @@ func TestValidation(t *testing.T) {
 				`rules[0].limits[0].lease.unit: unknown field; known fields: units, for; did you mean "units"?`,
 				"rules[0].limits[1].lease: want a lease: a mapping with units and for, e.g. lease: {units: 50, for: 100ms}, got the number 5",
 			}},
-		{"lease with record or in a shadow rule", "domain: d\nrules:\n- {name: a, match: {user: \"*\"}, limits: [{algorithm: fixed_window, rate: 10/s, record: path, lease: {units: 2, for: 1s}}]}\n- {name: b, shadow: true, limits: [{algorithm: gcra, rate: 10/s, lease: {units: 2, for: 1s}}]}\n",
+		{"lease with record or in a shadow rule", "domain: d\nrules:\n- {name: a, match: {user: \"*\"}, limits: [{algorithm: fixed_window, rate: 10/s, record: path, lease: {units: 2, for: 1s}}]}\n- {name: b, shadow: true, limits: [{algorithm: gcra, rate: 10/s, lease: {units: 2, for: 100ms}}]}\n",
 			[]string{
 				"rules[0].limits[0].lease: a limit that records each request's value cannot lease; remove lease or record",
 				"rules[1].limits[0].lease: a shadow rule's limits never deny, so there is nothing to lease; remove lease or shadow",
