@@ -46,6 +46,9 @@ const (
 	fixedWindow = 2 * time.Second
 	logLimit    = 10
 	logWindow   = 3 * time.Second
+	// A hot limit all clients share, served from leases (fixed_window, exact).
+	leasedLimit  = 400
+	leasedWindow = time.Second
 )
 
 // policyDoc is the soak's policy: every algorithm, keyed by api_key; extra is added
@@ -76,11 +79,14 @@ rules:
       - {algorithm: bucket_ring, rate: 100/5s, bucket: 100ms}
   - name: global
     match: {path: /global}
-    limits: [{algorithm: gcra, rate: 500/s, burst: 100}]
-%s`, fixedLimit, int(fixedWindow.Seconds()), logLimit, int(logWindow.Seconds()), extra)
+    limits: [{algorithm: gcra, rate: 500/s, burst: 100, lease: {units: 10, for: 20ms}}]
+  - name: leased
+    match: {path: /leased}
+    limits: [{algorithm: fixed_window, rate: %d/%ds, lease: {units: 20, for: 100ms}}]
+%s`, fixedLimit, int(fixedWindow.Seconds()), logLimit, int(logWindow.Seconds()), leasedLimit, int(leasedWindow.Seconds()), extra)
 }
 
-var paths = []string{"/fixed", "/log", "/mixed", "/shaped", "/ring", "/global"}
+var paths = []string{"/fixed", "/log", "/mixed", "/shaped", "/ring", "/global", "/leased"}
 
 type config struct {
 	duration, warmup time.Duration
@@ -278,13 +284,17 @@ func run(ctx context.Context, c config) (string, error) {
 		}
 	}
 
-	fixedOver, fixedWindows, fixedSkipped := checkFixed(admissions, restartAt, restartDone)
+	fixedOver, fixedWindows, fixedSkipped := checkFixed(admissions, "/fixed", fixedLimit, fixedWindow, false, restartAt, restartDone)
+	leasedOver, leasedWindows, leasedSkipped := checkFixed(admissions, "/leased", leasedLimit, leasedWindow, true, restartAt, restartDone)
 	logOver, logSkipped := checkSliding(admissions, restartAt, restartDone)
 	g0, g1, r0, r1 := growth(samples, c.warmup)
 
 	var problems []string
 	if fixedOver > 0 {
 		problems = append(problems, fmt.Sprintf("%d fixed_window windows admitted more than %d", fixedOver, fixedLimit))
+	}
+	if leasedOver > 0 {
+		problems = append(problems, fmt.Sprintf("%d windows of the leased limit admitted more than %d", leasedOver, leasedLimit))
 	}
 	if logOver > 0 {
 		problems = append(problems, fmt.Sprintf("%d sliding_log admissions exceeded %d in %v", logOver, logLimit, logWindow))
@@ -318,6 +328,7 @@ func run(ctx context.Context, c config) (string, error) {
 	fmt.Fprintf(&b, "| failure-mode answers (Redis restarting) | %d |\n", degraded.Load())
 	fmt.Fprintf(&b, "| failed requests | %d |\n", failures.Load())
 	fmt.Fprintf(&b, "| fixed_window windows checked / over %d / left out (restart) | %d / %d / %d |\n", fixedLimit, fixedWindows, fixedOver, fixedSkipped)
+	fmt.Fprintf(&b, "| leased fixed_window (one key for all clients) windows checked / over %d / left out (restart) | %d / %d / %d |\n", leasedLimit, leasedWindows, leasedOver, leasedSkipped)
 	fmt.Fprintf(&b, "| sliding_log admissions over %d per %v / left out (restart) | %d / %d |\n", logLimit, logWindow, logOver, logSkipped)
 	fmt.Fprintf(&b, "| goroutines after warmup → end | %.0f → %.0f |\n", g0, g1)
 	fmt.Fprintf(&b, "| RSS after warmup → end | %.1f → %.1f MiB |\n", r0/(1<<20), r1/(1<<20))
@@ -406,29 +417,34 @@ func growth(ss []sample, warmup time.Duration) (g0, g1, r0, r1 float64) {
 	return g0, g1, r0, r1
 }
 
-// checkFixed counts, per /fixed key and epoch-aligned window, the admissions, and
-// returns the windows over the limit, the windows checked and those left out
-// because they overlap the Redis restart.
-func checkFixed(as []admission, from, to time.Time) (over, checked, skipped int) {
+// checkFixed counts the admissions of a fixed_window limit on path (per key, or for
+// all keys together when global) per epoch-aligned window, and returns the windows
+// over limit, the windows checked and those left out because they overlap the Redis
+// restart.
+func checkFixed(as []admission, path string, limit int, window time.Duration, global bool, from, to time.Time) (over, checked, skipped int) {
 	counts := map[string]int{}
 	for _, a := range as {
-		if !strings.HasPrefix(a.key, "/fixed ") {
+		if !strings.HasPrefix(a.key, path+" ") {
 			continue
 		}
 		// The window is the server's: it ends reset_after after the answer, on a
 		// multiple of the window (the client's clock reads the answer a little late).
 		end := a.at.Add(a.reset).UnixNano()
-		w := int64(math.Round(float64(end)/float64(fixedWindow))) - 1
-		start := time.Unix(0, w*int64(fixedWindow))
-		if start.Before(to.Add(time.Second)) && start.Add(fixedWindow).After(from.Add(-time.Second)) {
+		w := int64(math.Round(float64(end)/float64(window))) - 1
+		start := time.Unix(0, w*int64(window))
+		if start.Before(to.Add(time.Second)) && start.Add(window).After(from.Add(-time.Second)) {
 			skipped++
 			continue
 		}
-		counts[a.key+"@"+strconv.FormatInt(w, 10)]++
+		k := a.key
+		if global {
+			k = path
+		}
+		counts[k+"@"+strconv.FormatInt(w, 10)]++
 	}
 	for _, n := range counts {
 		checked++
-		if n > fixedLimit {
+		if n > limit {
 			over++
 		}
 	}
