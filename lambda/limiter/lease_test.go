@@ -142,8 +142,7 @@ func runServices(t *testing.T, srv *redistest.Server, path, rule string, rdb *re
 // stopped, Redis holds exactly the units admitted: every reserved unit was admitted
 // or given back (on a machine so loaded that a Redis call passes the service's
 // 100ms timeout, plus what such calls may have charged). Redis calls per decision with leases
-// are at most a third of those without (the batcher already merges decisions into
-// fewer calls; see TestLeaseHotLimit for the unbatched tenth).
+// are at most a tenth of those without, batching on in both (measured: 0.04–0.06).
 func TestLeaseTwoServices(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two limiter binaries under load on a real redis-server")
@@ -188,8 +187,8 @@ func TestLeaseTwoServices(t *testing.T) {
 			}
 			perPlain := float64(plain.calls) / float64(plain.decisions)
 			perLeased := float64(leased.calls) / float64(leased.decisions)
-			if perLeased > perPlain/3 {
-				t.Errorf("Redis calls per decision: %.4f with leases, %.4f without; want at most a third", perLeased, perPlain)
+			if perLeased > perPlain/10 {
+				t.Errorf("Redis calls per decision: %.4f with leases, %.4f without; want at most a tenth", perLeased, perPlain)
 			}
 			t.Logf("Redis calls per decision with leases / without: %.3f", perLeased/perPlain)
 		})
