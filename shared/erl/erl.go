@@ -36,10 +36,12 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
 )
 
 // KeysAttribute is the attribute that carries a descriptor's keys, in order, joined
@@ -78,8 +80,19 @@ type root struct {
 	Descriptors []descriptor `yaml:"descriptors"`
 }
 
-// units maps ERL's units to tollgate's periods.
+// units maps ERL's units to tollgate's periods, as ERL counts them.
 var units = map[string]string{"second": "s", "minute": "min", "hour": "h", "day": "day", "week": "7day", "month": "30day", "year": "365day"}
+
+// UnitPeriod returns the length of one of ERL's units (second … year, any case):
+// week, month and year are 7, 30 and 365 days, as ERL counts them.
+func UnitPeriod(unit string) (time.Duration, bool) {
+	text, ok := units[strings.ToLower(unit)]
+	if !ok {
+		return 0, false
+	}
+	_, d, err := algo.ParseRate("1/" + text)
+	return d, err == nil
+}
 
 // step is one level of a rule's path: a key and what its value must be.
 type step struct {
@@ -245,20 +258,19 @@ func (t *translator) walk(parent []step, where string, ds []descriptor) error {
 // limitOf writes rl's limit as tollgate's: ERL's fixed window, or the algorithm of
 // tollgate's extension field, over unit_multiplier units.
 func limitOf(rl *rateLimit) (string, error) {
-	u, ok := units[strings.ToLower(rl.Unit)]
+	u, ok := UnitPeriod(rl.Unit)
 	if !ok || rl.RequestsPerUnit == 0 {
 		return "", fmt.Errorf("rate_limit wants requests_per_unit above 0 and a unit of second, minute, hour, day, week, month or year (got %d per %q)", rl.RequestsPerUnit, rl.Unit)
 	}
-	if m := rl.UnitMultiplier; m > 1 {
-		n, rest := 1, u
-		if i := strings.IndexFunc(u, func(r rune) bool { return r < '0' || r > '9' }); i > 0 {
-			n, _ = strconv.Atoi(u[:i])
-			rest = u[i:]
+	rate := fmt.Sprintf("%d/%s", rl.RequestsPerUnit, units[strings.ToLower(rl.Unit)])
+	if m := int64(rl.UnitMultiplier); m > 1 {
+		if m > int64(algo.MaxPeriod/u) {
+			return "", fmt.Errorf("rate_limit: %d × %s is longer than %v; lower unit_multiplier", m, rl.Unit, algo.MaxPeriod)
 		}
-		u = strconv.FormatInt(int64(n)*int64(m), 10) + rest
+		rate = algo.FormatRate(int64(rl.RequestsPerUnit), time.Duration(m)*u)
 	}
 	algorithm := cmp.Or(rl.Algorithm, "fixed_window")
-	lim := fmt.Sprintf("{algorithm: %s, rate: %d/%s", yamlString(algorithm), rl.RequestsPerUnit, u)
+	lim := fmt.Sprintf("{algorithm: %s, rate: %s", yamlString(algorithm), rate)
 	if rl.Burst != 0 {
 		lim += fmt.Sprintf(", burst: %d", rl.Burst)
 	}

@@ -32,7 +32,6 @@ import (
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -266,17 +265,6 @@ func supported(d *rlv3.RateLimitDescriptor) error {
 // statuses.
 const OverrideRule = "descriptor-limit"
 
-// overrideUnits are the lengths of Envoy's units a descriptor's limit may use: month
-// and year are 30 and 365 days, as envoyproxy/ratelimit counts them (and package erl).
-var overrideUnits = map[typev3.RateLimitUnit]time.Duration{
-	typev3.RateLimitUnit_SECOND: time.Second,
-	typev3.RateLimitUnit_MINUTE: time.Minute,
-	typev3.RateLimitUnit_HOUR:   time.Hour,
-	typev3.RateLimitUnit_DAY:    24 * time.Hour,
-	typev3.RateLimitUnit_MONTH:  30 * 24 * time.Hour,
-	typev3.RateLimitUnit_YEAR:   365 * 24 * time.Hour,
-}
-
 // override replaces what the policy matched for descriptor d (planned in p) with the
 // limit d carries, keyed by the descriptor's entries and the limit.
 func override(p *engine.Plan, pol *policy.Policy, d *rlv3.RateLimitDescriptor) error {
@@ -292,7 +280,8 @@ func override(p *engine.Plan, pol *policy.Policy, d *rlv3.RateLimitDescriptor) e
 		mult = int64(m.GetValue())
 	}
 	var l algo.Limit
-	switch u, ok := overrideUnits[o.GetUnit()]; {
+	// Envoy's units are ERL's, month and year counted as ERL counts them.
+	switch u, ok := erl.UnitPeriod(o.GetUnit().String()); {
 	case ok:
 		if mult > int64(algo.MaxPeriod/u) {
 			return fmt.Errorf("limit: %d × %v is longer than %v; send a shorter window", mult, o.GetUnit(), algo.MaxPeriod)
