@@ -82,9 +82,10 @@ func newLeaseTable() *leaseTable { return &leaseTable{byKey: map[string]*lease{}
 
 // lease is this instance's reservation on one key.
 type lease struct {
-	key   string
-	meter algo.Meter
-	terms policy.Lease
+	key         string
+	meter       algo.Meter
+	terms       policy.Lease
+	reservation int64 // what a reservation charges: Units and the margin (cost)
 
 	mu        sync.Mutex
 	gen       uint64 // counts reservations, so units go back only where they came from
@@ -127,6 +128,7 @@ func (t *leaseTable) leaseFor(p Plan, i int) *lease {
 		return nil
 	}
 	l = &lease{key: key, meter: p.Check.Meters[i], terms: terms}
+	l.reservation = terms.Units + terms.Margin(l.meter.Limits[0])
 	t.byKey[key] = l
 	return l
 }
@@ -269,7 +271,7 @@ func (e *Engine) takeLease(ctx context.Context, p Plan, i int, l *lease) (taken,
 
 // cost is what a reservation charges: its units, and for a bucket the margin of its
 // refill over For (policy.Lease.Margin), which is never given back.
-func (l *lease) cost() int64 { return l.terms.Units + l.terms.Margin(l.meter.Limits[0]) }
+func (l *lease) cost() int64 { return l.reservation }
 
 // reserve charges a reservation (l.cost) on the lease's key and, when the store
 // grants it, makes its units the lease's. A denial is remembered in the deny cache.
@@ -412,15 +414,32 @@ func (e *Engine) returnLeases(ctx context.Context, cur *current, all bool) int {
 		return 0
 	}
 	now := e.clock().UnixMicro()
-	var backs []returned
+	ended := func(l *lease) bool { return l.refilling == nil && (all || now >= l.until) }
+	// Find the ended leases under the read lock, so that a sweep that finds none
+	// (most of them) does not hold up the decisions that look their leases up.
 	t := cur.leases
-	t.mu.Lock()
+	var done []string
+	t.mu.RLock()
 	for k, l := range t.byKey {
 		l.mu.Lock()
-		if l.refilling == nil && (all || now >= l.until) {
-			if all {
-				l.until = 0
-			}
+		if ended(l) {
+			done = append(done, k)
+		}
+		l.mu.Unlock()
+	}
+	t.mu.RUnlock()
+	if len(done) == 0 {
+		return 0
+	}
+	var backs []returned
+	t.mu.Lock()
+	for _, k := range done {
+		l, ok := t.byKey[k]
+		if !ok {
+			continue
+		}
+		l.mu.Lock()
+		if ended(l) { // still: a request may have reserved anew in between
 			if back, give := l.detach(now); give {
 				backs = append(backs, back)
 			}
