@@ -196,11 +196,7 @@ func build(ctx context.Context, cfg config, stdout io.Writer, log *slog.Logger) 
 		}
 		a.store, store = st, st
 	}
-	var refunder engine.Refunder // leases give back unused units on their next request
-	if a.store != nil {
-		refunder = a.store
-	}
-	eng, err = engine.New(engine.Config{Policy: p, Store: store, Logger: log, Refunder: refunder})
+	eng, err = engine.New(engine.Config{Policy: p, Store: store, Logger: log})
 	if err != nil {
 		a.close()
 		return nil, fmt.Errorf("authorizer: %w", err)

@@ -338,8 +338,6 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 	}
 	// The engines of envoyproxy/ratelimit's domains come first, so that the store's
 	// circuit breakers take the policy's settings from the engine made last.
-	// Leased limits give back their unused units with the library's refund.
-	refunder := store
 	var domains map[string]rls.Domain
 	if c.ERLConfig != "" {
 		if domains, err = erlEngines(c.ERLConfig, decider, metrics.Hooks(), log); err != nil {
@@ -347,7 +345,7 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 			return nil, err
 		}
 	}
-	s.eng, err = engine.New(engine.Config{Policy: p, Store: decider, Logger: log, Hooks: metrics.Hooks(), Refunder: refunder})
+	s.eng, err = engine.New(engine.Config{Policy: p, Store: decider, Logger: log, Hooks: metrics.Hooks()})
 	if err != nil {
 		s.Close()
 		return nil, err

@@ -101,6 +101,12 @@ func (b *Batcher) UseBreakers(st breaker.Settings) { b.store.UseBreakers(st) }
 // Breakers returns the state of the store's node breakers (Store.Breakers).
 func (b *Batcher) Breakers() []breaker.Status { return b.store.Breakers() }
 
+// Refund gives back units charged in the store (Store.Refund), so that a batched
+// engine's leases give back what they did not spend.
+func (b *Batcher) Refund(ctx context.Context, c algo.Check, chargedMicros int64) error {
+	return b.store.Refund(ctx, c, chargedMicros)
+}
+
 // Health checks the store's nodes (Store.Health).
 func (b *Batcher) Health(ctx context.Context) []breaker.Status { return b.store.Health(ctx) }
 
@@ -114,7 +120,7 @@ func (b *Batcher) Health(ctx context.Context) []breaker.Status { return b.store.
 // Store.Decide: a request for a node whose breaker is open fails at once.
 func (b *Batcher) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) {
 	c = c.AtWindows(nowOr(c.NowMicros))
-	if len(c.Keys) != len(c.Meters) || len(c.Meters) == 0 || (b.store.cluster && !oneSlot(c.Keys)) || c.Replicas().Count > 0 {
+	if len(c.Keys) != len(c.Meters) || len(c.Meters) == 0 || (b.store.cluster && !oneSlot(c.Keys)) || c.Cost > 0 && c.Replicas().Count > 0 {
 		return b.store.Decide(ctx, c)
 	}
 	node, err := b.store.nodeOf(ctx, c.Keys[0])

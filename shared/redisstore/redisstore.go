@@ -172,19 +172,26 @@ func (s *Store) refundAll(ctx context.Context, done []charged, now int64) error 
 		if len(d.reply.Undo) == 0 {
 			continue
 		}
-		keys, args := algo.RefundCall(d.sub.Meters, d.sub.Keys, d.reply.Undo, d.reply.NowMicros, now, d.sub.Cost)
 		// The refund must run even if the request's deadline has passed: a lost refund
 		// leaves units charged for a request that was denied.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		sc := entryCall(algo.EntryRefund, keys, args)
-		s.exec(rctx, sc)
-		err := sc.cmd.Err()
+		errs = append(errs, s.refund(rctx, d.sub, d.reply.Undo, d.reply.NowMicros, now))
 		cancel()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("redisstore: refund %q: %w", keys[0], err))
-		}
 	}
 	return errors.Join(errs...)
+}
+
+// refund runs the library's refund entry for the charges of c described by undo,
+// made at charged (Unix µs); now is the refund's own time, or 0 for the server's
+// clock.
+func (s *Store) refund(ctx context.Context, c algo.Check, undo []algo.Undo, charged, now int64) error {
+	keys, args := algo.RefundCall(c.Meters, c.Keys, undo, charged, now, c.Cost)
+	sc := entryCall(algo.EntryRefund, keys, args)
+	s.exec(ctx, sc)
+	if err := sc.cmd.Err(); err != nil {
+		return fmt.Errorf("redisstore: refund %q: %w", keys[0], err)
+	}
+	return nil
 }
 
 func (s *Store) run(ctx context.Context, c algo.Check, undo bool) (algo.Outcome, error) {

@@ -95,8 +95,10 @@ func (sc *scriptCall) reply(meters []algo.Meter) (algo.Reply, error) {
 // could not run because it lacks the library (a restart without persistence, a
 // FUNCTION FLUSH or SCRIPT FLUSH, a failover to a node that never had it): this is
 // the one place that loads the library after the first time. A call that failed
-// otherwise is never sent again, since it may have run. Each call's command holds its
-// own result or error.
+// otherwise is never sent again, since it may have run. The calls are sent again even
+// when loading failed on some node (another master of a cluster may be down): those
+// whose node has the library now run; the others keep the load's error. Each call's
+// command holds its own result or error.
 func (s *Store) exec(ctx context.Context, calls ...*scriptCall) {
 	s.send(ctx, calls)
 	var again []*scriptCall
@@ -108,13 +110,13 @@ func (s *Store) exec(ctx context.Context, calls ...*scriptCall) {
 	if len(again) == 0 {
 		return
 	}
-	if err := s.Preload(ctx); err != nil {
-		for _, sc := range again {
-			sc.cmd.SetErr(err)
-		}
-		return
-	}
+	perr := s.Preload(ctx)
 	s.send(ctx, again)
+	for _, sc := range again {
+		if perr != nil && missing(sc.cmd.Err()) {
+			sc.cmd.SetErr(perr)
+		}
+	}
 }
 
 // send builds every call's command and sends them in one round trip.
@@ -219,15 +221,11 @@ func (s *Store) command(ctx context.Context, sc *scriptCall) redis.Cmder {
 // missing reports whether err says that the node lacks the library: the function
 // (or, without Redis Functions, the script) is unknown, or FCALL itself is.
 func missing(err error) bool {
-	if err == nil {
-		return false
-	}
 	var reply redis.Error
 	if !errors.As(err, &reply) {
 		return false
 	}
-	msg := reply.Error()
-	return strings.HasPrefix(msg, "NOSCRIPT") || strings.HasPrefix(msg, "ERR Function not found") || unknownCommand(reply)
+	return redis.HasErrorPrefix(reply, "NOSCRIPT") || redis.HasErrorPrefix(reply, "Function not found") || unknownCommand(reply)
 }
 
 // unknownCommand reports whether err is a server's answer to a command it does not
@@ -253,12 +251,14 @@ func (s *Store) Preload(ctx context.Context) error {
 	return err
 }
 
-// load loads the library on one node: FUNCTION LOAD REPLACE, or SCRIPT LOAD of each
-// entry's script where the server has no FUNCTION.
+// load loads the library on one node: FUNCTION LOAD, or SCRIPT LOAD of each entry's
+// script where the server has no FUNCTION. A node that has the library already says
+// so before compiling it (its name is a digest of its code, so it is the same code):
+// loading it again costs the node nothing.
 func (s *Store) load(ctx context.Context, c redis.Cmdable) error {
 	if !s.noFunctions.Load() {
-		err := c.FunctionLoadReplace(ctx, s.lua.FunctionSource()).Err()
-		if err == nil {
+		err := c.FunctionLoad(ctx, s.lua.FunctionSource()).Err()
+		if err == nil || redis.HasErrorPrefix(err, "Library '"+s.lua.Name+"' already exists") {
 			return nil
 		}
 		if !unknownCommand(err) {

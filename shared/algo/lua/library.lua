@@ -191,7 +191,9 @@ function E.refund(keys, args)
     pos = lpos + 4 * nl
     local nk = tonumber(args[pos])
     pos = pos + 1
-    local same = true
+    -- a charge without undo keys (a lease's units, given back later) always takes
+    -- the inverse
+    local same = nk > 0
     for k = 1, nk do
       if (redis.call('DUMP', keys[kpos + k]) or '') ~= args[pos + (k - 1) * 3 + 2] then same = false end
     end
