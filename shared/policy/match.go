@@ -50,6 +50,11 @@ func (r *Rule) compile(shardBy string) {
 			continue
 		}
 		r.Meters = append(r.Meters, algo.Meter{Limits: []algo.Limit{l}, Shadow: r.Shadow, Replicas: r.limitReplicas(i)})
+		if i < len(r.Leases) {
+			// rings do not lease: a ring's meter keeps the zero lease
+			r.meterLease = append(r.meterLease, make([]Lease, len(r.Meters)-1-len(r.meterLease))...)
+			r.meterLease = append(r.meterLease, r.Leases[i])
+		}
 		r.meterRecord = append(r.meterRecord, r.Records[i])
 		r.recording = r.recording || r.Records[i] != ""
 	}

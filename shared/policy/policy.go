@@ -202,6 +202,7 @@ type Rule struct {
 	sharded     bool     // Match names the policy's ShardBy attribute
 	meterRecord []string // per meter, the attribute to record, or ""
 	meterIDs    []string // per meter, its name in keys (algo.MeterID)
+	meterLease  []Lease  // per meter, its lease; nil when no limit leases
 	replacedBy  []*Rule  // the rules whose Replaces name this one
 	recording   bool     // some meter records
 }
@@ -320,25 +321,10 @@ const (
 // MeterLease returns the lease of the rule's meter i (an index into Meters), or the
 // zero Lease.
 func (r *Rule) MeterLease(i int) Lease {
-	if r.Leases == nil {
+	if i >= len(r.meterLease) {
 		return Lease{}
 	}
-	m, ring := 0, false
-	for j, l := range r.Limits {
-		if l.Algorithm == algo.BucketRing {
-			// A ring's limits form one meter, at the place of the first; rings
-			// do not lease.
-			if !ring {
-				ring, m = true, m+1
-			}
-			continue
-		}
-		if m == i {
-			return r.Leases[j]
-		}
-		m++
-	}
-	return Lease{}
+	return r.meterLease[i]
 }
 
 // Leasing reports whether some limit of the policy is served from leases.
