@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/memstore"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
@@ -389,33 +387,11 @@ func TestBatcherManyMatchesModel(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	calls := commandCalls(t, srv.Client(t), "fcall")
+	calls := srv.CommandCalls(t, "fcall")
 	t.Logf("%d decisions in %d FCALL calls", decisions.Load(), calls)
-	if calls >= decisions.Load() {
+	if calls == 0 || calls >= decisions.Load() {
 		t.Errorf("%d decisions took %d FCALL calls: nothing was sent together", decisions.Load(), calls)
 	}
-}
-
-// commandCalls returns how many times Redis ran cmd since the last CONFIG RESETSTAT.
-func commandCalls(t *testing.T, c *redis.Client, cmd string) int64 {
-	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatalf("INFO commandstats = %v", err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls=")
-		if !ok {
-			continue
-		}
-		n, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-		if err != nil {
-			t.Fatalf("commandstats line %q: %v", line, err)
-		}
-		return n
-	}
-	t.Fatalf("INFO commandstats has no %s", cmd)
-	return 0
 }
 
 // TestBatcherServerClockTTL checks that batched requests decided on the server's clock
@@ -442,7 +418,7 @@ func TestBatcherServerClockTTL(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if calls := commandCalls(t, srv.Client(t), "fcall"); calls >= n {
+	if calls := srv.CommandCalls(t, "fcall"); calls == 0 || calls >= n {
 		t.Fatalf("%d requests took %d FCALL calls: nothing was batched", n, calls)
 	}
 	rc := srv.Client(t)
