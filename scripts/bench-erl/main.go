@@ -57,6 +57,10 @@ type result struct {
 	seconds             float64
 	p50, p99            time.Duration
 	serverCPU, redisCPU float64 // seconds
+	// redisCalls and redisCmdSecs are the commands Redis ran and the time INFO
+	// commandstats gives them (scripts' inner commands included in the script's)
+	redisCalls   int64
+	redisCmdSecs float64
 }
 
 func main() {
@@ -228,12 +232,14 @@ func round(ctx context.Context, s *subject, rc *redis.Client, c int, d time.Dura
 	}
 	time.Sleep(300 * time.Millisecond)
 	cpu0, rcpu0 := procCPU(s.cmd.Process.Pid), redisCPU(ctx, rc)
+	calls0, usec0 := redisCommands(ctx, rc)
 	t0 := time.Now()
 	measuring.Store(true)
 	time.Sleep(d)
 	measuring.Store(false)
 	secs := time.Since(t0).Seconds()
 	cpu1, rcpu1 := procCPU(s.cmd.Process.Pid), redisCPU(ctx, rc)
+	calls1, usec1 := redisCommands(ctx, rc)
 	close(stop)
 	wg.Wait()
 	if err, _ := failed.Load().(error); err != nil {
@@ -241,7 +247,8 @@ func round(ctx context.Context, s *subject, rc *redis.Client, c int, d time.Dura
 	}
 	all := slices.Concat(lat...)
 	slices.Sort(all)
-	r := result{decisions: n.Load(), seconds: secs, serverCPU: cpu1 - cpu0, redisCPU: rcpu1 - rcpu0}
+	r := result{decisions: n.Load(), seconds: secs, serverCPU: cpu1 - cpu0, redisCPU: rcpu1 - rcpu0,
+		redisCalls: calls1 - calls0, redisCmdSecs: (usec1 - usec0) / 1e6}
 	if len(all) > 0 {
 		r.p50, r.p99 = all[len(all)/2], all[len(all)*99/100]
 	}
@@ -277,11 +284,39 @@ func redisCPU(ctx context.Context, rc *redis.Client) float64 {
 	return total
 }
 
+// redisCommands sums INFO commandstats over every command but INFO itself: calls,
+// and the microseconds Redis spent running them (a script's commands count in the
+// script's time, not twice).
+func redisCommands(ctx context.Context, rc *redis.Client) (calls int64, usec float64) {
+	info, err := rc.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasPrefix(k, "cmdstat_") || k == "cmdstat_info" {
+			continue
+		}
+		for _, f := range strings.Split(v, ",") {
+			name, val, _ := strings.Cut(f, "=")
+			switch name {
+			case "calls":
+				n, _ := strconv.ParseInt(val, 10, 64)
+				calls += n
+			case "usec":
+				u, _ := strconv.ParseFloat(val, 64)
+				usec += u
+			}
+		}
+	}
+	return calls, usec
+}
+
 func write(results map[string]map[int][]result, erl, tg string, concs []int, d time.Duration, rounds int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# tollgate vs envoyproxy/ratelimit over gRPC\n\n")
 	fmt.Fprintf(&b, "Same redis-server, same configuration (ERL's YAML: 10,000 clients at 100 per second, fixed window), same gRPC client; %d interleaved rounds of %v per cell; medians of the rounds. ERL %s with USE_STATSD=false and DISABLE_STATS=true; tollgate's limiter with --erl-config and batching on.\n\n", rounds, d, strings.TrimPrefix(erlModule, "github.com/envoyproxy/ratelimit/src/service_cmd@"))
-	fmt.Fprintf(&b, "| c | subject | decisions/s | p50 (µs) | p99 (µs) | server CPU µs/decision | Redis CPU µs/decision | × ERL decisions/s |\n|---:|---|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| c | subject | decisions/s | p50 (µs) | p99 (µs) | server CPU µs/decision | Redis CPU µs/decision | Redis commands/decision | command µs/decision | × ERL decisions/s |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	median := func(rs []result, f func(result) float64) float64 {
 		v := make([]float64, len(rs))
 		for i, r := range rs {
@@ -295,11 +330,13 @@ func write(results map[string]map[int][]result, erl, tg string, concs []int, d t
 		for _, name := range []string{erl, tg} {
 			rs := results[name][c]
 			rate := median(rs, func(r result) float64 { return float64(r.decisions) / r.seconds })
-			fmt.Fprintf(&b, "| %d | %s | %.0f | %.0f | %.0f | %.1f | %.1f | %.2f |\n", c, name, rate,
+			fmt.Fprintf(&b, "| %d | %s | %.0f | %.0f | %.0f | %.1f | %.1f | %.2f | %.1f | %.2f |\n", c, name, rate,
 				median(rs, func(r result) float64 { return float64(r.p50.Microseconds()) }),
 				median(rs, func(r result) float64 { return float64(r.p99.Microseconds()) }),
 				median(rs, func(r result) float64 { return r.serverCPU * 1e6 / float64(max(1, r.decisions)) }),
 				median(rs, func(r result) float64 { return r.redisCPU * 1e6 / float64(max(1, r.decisions)) }),
+				median(rs, func(r result) float64 { return float64(r.redisCalls) / float64(max(1, r.decisions)) }),
+				median(rs, func(r result) float64 { return r.redisCmdSecs * 1e6 / float64(max(1, r.decisions)) }),
 				rate/base)
 		}
 	}

@@ -98,23 +98,28 @@ local function request(keys, k0, args, a0, server)
   local undo = args[a0 + 3] == '1'
   local m = tonumber(args[a0 + 4])
   local pos = a0 + 5
-  local out = {now, 1}
   if m == 1 and not undo then
     -- one meter: nothing else can deny, so it is charged as soon as it allows
     local algo = A[args[pos]]
     if not algo then return unknown(args[pos]) end
     local key, nl, record = keys[k0 + 1], tonumber(args[pos + 3]), args[pos + 2]
-    local ok, s1, s2, s3, s4 = algo.check(key, now, cost, args, pos + 4, nl, record, out, 2)
-    if ok then
-      algo.commit(key, now, cost, args, pos + 4, nl, record, s1, s2, s3, s4)
-    elseif args[pos + 1] ~= '1' then
+    -- the reply of one limit, in one allocation; check fills in the decision
+    local out = {now, 1, 0, 0, 0, 0, 0}
+    local ok, s1, s2, s3, s4
+    if algo.lone and record == '' then
+      ok = algo.lone(key, now, cost, args, pos + 4, nl, record, out, 2)
+    else
+      ok, s1, s2, s3, s4 = algo.check(key, now, cost, args, pos + 4, nl, record, out, 2)
+      if ok then algo.commit(key, now, cost, args, pos + 4, nl, record, s1, s2, s3, s4) end
+    end
+    if not ok and args[pos + 1] ~= '1' then
       out[2] = 0
     end
     return out
   end
   -- several meters (or undo data): check every meter, then charge the meters that
   -- allow only when no meter that is not a shadow denies
-  local pending = {}
+  local out, pending = {now, 1}, {}
   for i = 1, m do
     local algo = A[args[pos]]
     if not algo then return unknown(args[pos]) end
