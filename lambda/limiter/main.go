@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"path/filepath"
 	"strconv"
 	"syscall"
@@ -420,12 +421,32 @@ func main() {
 		os.Exit(policyCommand(context.Background(), os.Args[2:], os.Stdout))
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	tuneGC(os.Getenv)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	err := run(ctx, os.Getenv, os.Args[1:], log)
 	stop()
 	if err != nil {
 		log.Error("limiter stopped", "err", err)
 		os.Exit(1)
+	}
+}
+
+// gcPercent is the collector's target when GOGC is not set. The service's live heap
+// is a few megabytes, so at Go's default (100) it collects dozens of times a second
+// under load, about a sixth of its CPU; 400 keeps the heap within a few tens of
+// megabytes and measured 1.27× → 1.51× envoyproxy/ratelimit's throughput at
+// concurrency 64 (make bench-erl).
+const gcPercent = 400
+
+// tuneGC sets the collector's target to gcPercent unless GOGC is set, and on Lambda,
+// unless GOMEMLIMIT is set, a soft memory limit of 90% of the function's memory, so
+// that a heap grown under that target is collected before it runs out.
+func tuneGC(getenv func(string) string) {
+	if getenv("GOGC") == "" {
+		debug.SetGCPercent(gcPercent)
+	}
+	if mb, err := strconv.ParseInt(getenv("AWS_LAMBDA_FUNCTION_MEMORY_SIZE"), 10, 64); err == nil && mb > 0 && getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(mb << 20 * 9 / 10)
 	}
 }
 

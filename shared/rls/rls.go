@@ -118,7 +118,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if v.Reason == engine.ReasonUnavailable {
 		return nil, status.Error(codes.Unavailable, "tollgate: Redis is unavailable and the policy's failure mode is closed")
 	}
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, 0, len(idx))}
 	if !v.Allowed {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
@@ -168,8 +168,12 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		resp.Statuses = append(resp.Statuses, st)
 	}
-	for _, kv := range v.Headers() {
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &commonv3.HeaderValue{Key: kv[0], Value: kv[1]})
+	hs := v.Headers()
+	values := make([]commonv3.HeaderValue, len(hs))
+	resp.ResponseHeadersToAdd = make([]*commonv3.HeaderValue, len(hs))
+	for i, kv := range hs {
+		values[i].Key, values[i].Value = kv[0], kv[1]
+		resp.ResponseHeadersToAdd[i] = &values[i]
 	}
 	return resp, nil
 }

@@ -48,7 +48,15 @@ local function fw_lone(key, now, cost, args, pos, nl, record, out, o)
   end
   local used = redis.call('INCRBY', k, cost) - cost
   if fw_decide(n, p, used, cost, e, now, out, o) then
-    if used == 0 then redis.call('PEXPIRE', k, ttl(e - now)) end
+    -- The window's first charge sets its key's TTL, which stays. On the server's
+    -- clock it is the window's end itself (to the millisecond, as check + commit's
+    -- SET PX leaves it after every charge); a caller's clock may be off the server's,
+    -- so its TTL is relative, with the slack.
+    if used == 0 and ttl_slack == 0 then
+      redis.call('PEXPIREAT', k, string.format('%d', ceil(e / 1000)))
+    elseif used == 0 then
+      redis.call('PEXPIRE', k, ttl(e - now))
+    end
     return true
   end
   if used == 0 then
