@@ -62,6 +62,10 @@ type config struct {
 	// Batch sends concurrent decisions to Redis as one pipeline (TOLLGATE_BATCH,
 	// default true; see redisstore.Batcher).
 	Batch bool
+	// BatchWait bounds how long a decision queued behind a Redis round trip waits
+	// before its queue goes out on its own (TOLLGATE_BATCH_WAIT; 0: the default,
+	// redisstore.DefaultMaxWait).
+	BatchWait time.Duration
 	// Auth is the ElastiCache authentication: REDIS_AUTH_SECRET_ARN, or
 	// REDIS_IAM_USER + REDIS_CACHE_NAME (+ REDIS_IAM_SERVERLESS).
 	Auth awsredis.Auth
@@ -138,6 +142,13 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 			return c, fmt.Errorf("TOLLGATE_BATCH=%q: want true or false", v)
 		}
 		c.Batch = b
+	}
+	if v := getenv("TOLLGATE_BATCH_WAIT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > time.Second {
+			return c, fmt.Errorf("TOLLGATE_BATCH_WAIT=%q: want a duration from 0 to 1s, such as 50us", v)
+		}
+		c.BatchWait = d
 	}
 	if v := getenv("REDIS_CLUSTER"); v != "" {
 		b, err := strconv.ParseBool(v)
@@ -330,7 +341,7 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 	}, func() float64 { return float64(store.Unreplicated()) }))
 	var decider engine.Store = store
 	if c.Batch {
-		b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{})
+		b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{MaxWait: c.BatchWait})
 		if err != nil {
 			s.Close()
 			return nil, err

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tollgate-dev/tollgate/scripts/internal/redisproc"
+	"github.com/tollgate-dev/tollgate/shared/redisstore"
 )
 
 // erlModule is the ERL version the module proxy serves (only pseudo-versions are listed).
@@ -315,7 +316,7 @@ func redisCommands(ctx context.Context, rc *redis.Client) (calls int64, usec flo
 func write(results map[string]map[int][]result, erl, tg string, concs []int, d time.Duration, rounds int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# tollgate vs envoyproxy/ratelimit over gRPC\n\n")
-	fmt.Fprintf(&b, "Same redis-server, same configuration (ERL's YAML: 10,000 clients at 100 per second, fixed window), same gRPC client; %d interleaved rounds of %v per cell; medians of the rounds. ERL %s with USE_STATSD=false and DISABLE_STATS=true; tollgate's limiter with --erl-config and batching on.\n\n", rounds, d, strings.TrimPrefix(erlModule, "github.com/envoyproxy/ratelimit/src/service_cmd@"))
+	fmt.Fprintf(&b, "Same redis-server, same configuration (ERL's YAML: 10,000 clients at 100 per second, fixed window), same gRPC client; %d interleaved rounds of %v per cell; medians of the rounds. ERL %s with USE_STATSD=false and DISABLE_STATS=true and its other defaults (Go's GOGC=100 among them); tollgate's limiter with --erl-config and its defaults (batching on, a queue waits at most %v behind a round trip; GOGC=400). Redis CPU is INFO cpu's; Redis commands counts every command INFO commandstats lists (a tollgate batch is one FCALL plus the commands its script runs), and command µs is their time there (a script's time includes its commands').\n\n", rounds, d, strings.TrimPrefix(erlModule, "github.com/envoyproxy/ratelimit/src/service_cmd@"), redisstore.DefaultMaxWait)
 	fmt.Fprintf(&b, "| c | subject | decisions/s | p50 (µs) | p99 (µs) | server CPU µs/decision | Redis CPU µs/decision | Redis commands/decision | command µs/decision | × ERL decisions/s |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	median := func(rs []result, f func(result) float64) float64 {
 		v := make([]float64, len(rs))

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/tollgate-dev/tollgate/shared/redisstore"
+
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -308,7 +310,7 @@ func batchingTable(b *bytes.Buffer, r *results) {
 		return
 	}
 	fmt.Fprintf(b, "\n## Automatic batching (one gcra limit, %d distinct clients)\n\n", r.Meta.Clients)
-	fmt.Fprintf(b, "`engine/gcra` decides on `redisstore.Store`; `engine+args/gcra` on `redisstore.Batcher` with `MaxBatch: 1` (batching off, the same precomputed arguments); `engine+batch/gcra` on `redisstore.Batcher` with the defaults (MaxBatch 64, MaxWait 50µs).\n\n")
+	fmt.Fprintf(b, "`engine/gcra` decides on `redisstore.Store`; `engine+args/gcra` on `redisstore.Batcher` with `MaxBatch: 1` (batching off, the same precomputed arguments); `engine+batch/gcra` on `redisstore.Batcher` with the defaults (MaxBatch %d, MaxWait %v).\n\n", redisstore.DefaultMaxBatch, redisstore.DefaultMaxWait)
 	fmt.Fprintf(b, "| contender | c | dec/s | × batching off | p50 µs | p99 µs | Redis CPU µs/dec | allocs/dec |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range r.Meta.Conc {
 		off := r.find(names[1], distinct, c)

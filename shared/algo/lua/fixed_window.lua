@@ -38,8 +38,9 @@ end
 -- fw_lone decides a meter that nothing else in its request can deny (decide's lone
 -- meter path), charging before it checks: INCRBY answers the count as an integer and
 -- leaves an existing key's TTL alone, so Redis runs one command where GET + SET ran
--- two, and a charge that goes over is given back in the same call (make bench, script
--- cost: fixed_window). A meter that records takes check + commit.
+-- two, and a charge that goes over is given back in the same call (BenchmarkScriptCost
+-- in shared/redisstore, tollgate-fixed_window, which make bench-core runs; make bench's
+-- script-cost section). A meter that records takes check + commit.
 local function fw_lone(key, now, cost, args, pos, nl, record, out, o)
   local n, p = tonumber(args[pos]), tonumber(args[pos + 1])
   local k, e = fw_window(key, now, p, tonumber(args[pos + 3]))
