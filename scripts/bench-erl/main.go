@@ -58,6 +58,7 @@ type result struct {
 	seconds             float64
 	p50, p99            time.Duration
 	serverCPU, redisCPU float64 // seconds
+	clientCPU           float64 // seconds: this process, the gRPC client
 	// redisCalls and redisCmdSecs are the commands Redis ran and the time INFO
 	// commandstats gives them (scripts' inner commands included in the script's)
 	redisCalls   int64
@@ -232,14 +233,14 @@ func round(ctx context.Context, s *subject, rc *redis.Client, c int, d time.Dura
 		}()
 	}
 	time.Sleep(300 * time.Millisecond)
-	cpu0, rcpu0 := procCPU(s.cmd.Process.Pid), redisCPU(ctx, rc)
+	cpu0, rcpu0, ccpu0 := procCPU(s.cmd.Process.Pid), redisCPU(ctx, rc), procCPU(os.Getpid())
 	calls0, usec0 := redisCommands(ctx, rc)
 	t0 := time.Now()
 	measuring.Store(true)
 	time.Sleep(d)
 	measuring.Store(false)
 	secs := time.Since(t0).Seconds()
-	cpu1, rcpu1 := procCPU(s.cmd.Process.Pid), redisCPU(ctx, rc)
+	cpu1, rcpu1, ccpu1 := procCPU(s.cmd.Process.Pid), redisCPU(ctx, rc), procCPU(os.Getpid())
 	calls1, usec1 := redisCommands(ctx, rc)
 	close(stop)
 	wg.Wait()
@@ -248,7 +249,7 @@ func round(ctx context.Context, s *subject, rc *redis.Client, c int, d time.Dura
 	}
 	all := slices.Concat(lat...)
 	slices.Sort(all)
-	r := result{decisions: n.Load(), seconds: secs, serverCPU: cpu1 - cpu0, redisCPU: rcpu1 - rcpu0,
+	r := result{decisions: n.Load(), seconds: secs, serverCPU: cpu1 - cpu0, redisCPU: rcpu1 - rcpu0, clientCPU: ccpu1 - ccpu0,
 		redisCalls: calls1 - calls0, redisCmdSecs: (usec1 - usec0) / 1e6}
 	if len(all) > 0 {
 		r.p50, r.p99 = all[len(all)/2], all[len(all)*99/100]
@@ -317,7 +318,7 @@ func write(results map[string]map[int][]result, erl, tg string, concs []int, d t
 	var b strings.Builder
 	fmt.Fprintf(&b, "# tollgate vs envoyproxy/ratelimit over gRPC\n\n")
 	fmt.Fprintf(&b, "Same redis-server, same configuration (ERL's YAML: 10,000 clients at 100 per second, fixed window), same gRPC client; %d interleaved rounds of %v per cell; medians of the rounds. ERL %s with USE_STATSD=false and DISABLE_STATS=true and its other defaults (Go's GOGC=100 among them); tollgate's limiter with --erl-config and its defaults (batching on, a queue waits at most %v behind a round trip; GOGC=400). Redis CPU is INFO cpu's; Redis commands counts every command INFO commandstats lists (a tollgate batch is one FCALL plus the commands its script runs), and command µs is their time there (a script's time includes its commands').\n\n", rounds, d, strings.TrimPrefix(erlModule, "github.com/envoyproxy/ratelimit/src/service_cmd@"), redisstore.DefaultMaxWait)
-	fmt.Fprintf(&b, "| c | subject | decisions/s | p50 (µs) | p99 (µs) | server CPU µs/decision | Redis CPU µs/decision | Redis commands/decision | command µs/decision | × ERL decisions/s |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| c | subject | decisions/s | p50 (µs) | p99 (µs) | server CPU µs/decision | Redis CPU µs/decision | Redis commands/decision | command µs/decision | client CPU µs/decision | × ERL decisions/s |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	median := func(rs []result, f func(result) float64) float64 {
 		v := make([]float64, len(rs))
 		for i, r := range rs {
@@ -331,13 +332,14 @@ func write(results map[string]map[int][]result, erl, tg string, concs []int, d t
 		for _, name := range []string{erl, tg} {
 			rs := results[name][c]
 			rate := median(rs, func(r result) float64 { return float64(r.decisions) / r.seconds })
-			fmt.Fprintf(&b, "| %d | %s | %.0f | %.0f | %.0f | %.1f | %.1f | %.2f | %.1f | %.2f |\n", c, name, rate,
+			fmt.Fprintf(&b, "| %d | %s | %.0f | %.0f | %.0f | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f |\n", c, name, rate,
 				median(rs, func(r result) float64 { return float64(r.p50.Microseconds()) }),
 				median(rs, func(r result) float64 { return float64(r.p99.Microseconds()) }),
 				median(rs, func(r result) float64 { return r.serverCPU * 1e6 / float64(max(1, r.decisions)) }),
 				median(rs, func(r result) float64 { return r.redisCPU * 1e6 / float64(max(1, r.decisions)) }),
 				median(rs, func(r result) float64 { return float64(r.redisCalls) / float64(max(1, r.decisions)) }),
 				median(rs, func(r result) float64 { return r.redisCmdSecs * 1e6 / float64(max(1, r.decisions)) }),
+				median(rs, func(r result) float64 { return r.clientCPU * 1e6 / float64(max(1, r.decisions)) }),
 				rate/base)
 		}
 	}
