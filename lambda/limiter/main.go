@@ -28,6 +28,7 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/awsredis"
 	"github.com/tollgate-dev/tollgate/shared/decision"
 	"github.com/tollgate-dev/tollgate/shared/engine"
@@ -47,7 +48,11 @@ type config struct {
 	// ERLConfig is a directory of envoyproxy/ratelimit configuration files, each
 	// served as its domain by the gRPC service and POST /json beside the policy's
 	// (TOLLGATE_ERL_CONFIG / --erl-config; see package erl).
-	ERLConfig  string
+	ERLConfig string
+	// OneQuota names the one-limit headers of the gRPC service's and POST /json's
+	// answers, from envoyproxy/ratelimit's own LIMIT_RESPONSE_HEADERS_ENABLED and
+	// LIMIT_*_HEADER variables (rls.ERLHeaders); none by default, as in ERL.
+	OneQuota   algo.OneQuotaNames
 	PolicyPath string // TOLLGATE_POLICY / --policy, default lambda/policy.yaml (policy.yaml next to the binary on Lambda)
 	PolicyJSON string // TOLLGATE_POLICY_JSON: an inline policy, instead of the file
 	PolicySSM  string // TOLLGATE_POLICY_SSM: an SSM parameter holding the policy, instead of the file
@@ -150,6 +155,11 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 		}
 		c.BatchWait = d
 	}
+	oneQuota, err := rls.ERLHeaders(getenv)
+	if err != nil {
+		return c, err
+	}
+	c.OneQuota = oneQuota
 	if v := getenv("REDIS_CLUSTER"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
@@ -378,6 +388,7 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		domains[p.Domain] = rls.Domain{Engine: s.eng}
 		s.rls = rls.NewDomains(domains, log)
 	}
+	s.rls.OneQuota = c.OneQuota
 	// envoyproxy/ratelimit's HTTP endpoint, for its clients.
 	mux.Handle("POST /json", s.rls.JSONHandler())
 	s.handler = mux

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -28,6 +30,8 @@ func TestLoadConfig(t *testing.T) {
 		{"bad batch flag", map[string]string{"TOLLGATE_BATCH": "sometimes"}, nil, config{}, "TOLLGATE_BATCH"},
 		{"batch wait", map[string]string{"TOLLGATE_BATCH_WAIT": "1ms"}, nil, config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml", Batch: true, BatchWait: time.Millisecond}, ""},
 		{"bad batch wait", map[string]string{"TOLLGATE_BATCH_WAIT": "soon"}, nil, config{}, "TOLLGATE_BATCH_WAIT"},
+		{"ERL's response headers", map[string]string{"LIMIT_RESPONSE_HEADERS_ENABLED": "true"}, nil, config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml", Batch: true, OneQuota: algo.OneQuotaNames{Limit: "RateLimit-Limit", Remaining: "RateLimit-Remaining", Reset: "RateLimit-Reset"}}, ""},
+		{"bad ERL headers flag", map[string]string{"LIMIT_RESPONSE_HEADERS_ENABLED": "sometimes"}, nil, config{}, "LIMIT_RESPONSE_HEADERS_ENABLED"},
 		{"batch wait too long", map[string]string{"TOLLGATE_BATCH_WAIT": "2s"}, nil, config{}, "TOLLGATE_BATCH_WAIT"},
 		{"env", map[string]string{"TOLLGATE_LISTEN": ":9", "TOLLGATE_POLICY": "p.yaml", "REDIS_URL": "redis://r:6379", "REDIS_CLUSTER": "true", "TOLLGATE_ADMIN_TOKEN": "t"}, nil,
 			config{Listen: ":9", PolicyPath: "p.yaml", RedisURL: "redis://r:6379", RedisCluster: true, AdminToken: "t", Batch: true}, ""},

@@ -60,12 +60,25 @@ func LimitItem(qt Quota) string {
 	return sfString(qt.Name) + ";r=" + strconv.FormatInt(max(0, qt.Decision.Remaining), 10) + ";t=" + strconv.FormatInt(Seconds(qt.Decision.ResetAfter), 10)
 }
 
+// OneQuotaNames names the three headers that describe the deciding quota alone: its
+// limit, what remains of it and the seconds until it is whole again. An empty name
+// leaves its header out.
+type OneQuotaNames struct{ Limit, Remaining, Reset string }
+
+// XRateLimit names the one-quota headers of the HTTP API and the authorizer.
+var XRateLimit = OneQuotaNames{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"}
+
 // Headers returns the rate-limit response headers of a request's quotas:
 // RateLimit-Policy and RateLimit list every quota in order; X-RateLimit-Limit,
 // X-RateLimit-Remaining and X-RateLimit-Reset describe qs[deciding], the most
 // restrictive, and Retry-After is added when its decision denies. No quotas, no
 // headers.
 func Headers(qs []Quota, deciding int) [][2]string {
+	return HeadersNamed(qs, deciding, XRateLimit)
+}
+
+// HeadersNamed is Headers with the one-quota headers named by names.
+func HeadersNamed(qs []Quota, deciding int, names OneQuotaNames) [][2]string {
 	if len(qs) == 0 {
 		return nil
 	}
@@ -79,9 +92,15 @@ func Headers(qs []Quota, deciding int) [][2]string {
 	h := [][2]string{
 		{"RateLimit-Policy", strings.Join(policies, ", ")},
 		{"RateLimit", strings.Join(limits, ", ")},
-		{"X-RateLimit-Limit", strconv.FormatInt(q, 10)},
-		{"X-RateLimit-Remaining", strconv.FormatInt(max(0, d.Decision.Remaining), 10)},
-		{"X-RateLimit-Reset", strconv.FormatInt(Seconds(d.Decision.ResetAfter), 10)},
+	}
+	for _, kv := range [][2]string{
+		{names.Limit, strconv.FormatInt(q, 10)},
+		{names.Remaining, strconv.FormatInt(max(0, d.Decision.Remaining), 10)},
+		{names.Reset, strconv.FormatInt(Seconds(d.Decision.ResetAfter), 10)},
+	} {
+		if kv[0] != "" {
+			h = append(h, kv)
+		}
 	}
 	if !d.Decision.Allowed {
 		h = append(h, [2]string{"Retry-After", strconv.FormatInt(RetryAfterSeconds(d.Decision.RetryAfter), 10)})

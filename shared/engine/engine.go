@@ -127,7 +127,11 @@ func (v Verdict) Deciding() (LimitResult, bool) {
 // (nothing matched, only shadow limits, or the failure mode admitted), and only
 // Retry-After when the failure mode denied. They are formatted on demand, so that a
 // caller that sends none pays nothing for them.
-func (v Verdict) Headers() [][2]string {
+func (v Verdict) Headers() [][2]string { return v.HeadersNamed(algo.XRateLimit) }
+
+// HeadersNamed is Headers with the one-quota headers named by names (see
+// algo.HeadersNamed).
+func (v Verdict) HeadersNamed(names algo.OneQuotaNames) [][2]string {
 	switch {
 	case v.Reason == ReasonUnavailable:
 		return [][2]string{{"Retry-After", strconv.FormatInt(algo.RetryAfterSeconds(v.Decision.RetryAfter), 10)}}
@@ -145,7 +149,7 @@ func (v Verdict) Headers() [][2]string {
 		}
 		qs = append(qs, algo.Quota{Name: l.Quota, Limit: l.Spec, Decision: l.Decision})
 	}
-	return algo.Headers(qs, deciding)
+	return algo.HeadersNamed(qs, deciding, names)
 }
 
 // Hooks receive the engine's events for metrics; every field may be nil.

@@ -26,12 +26,14 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"golang.org/x/net/http/httpguts"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -54,6 +56,46 @@ type Server struct {
 	eng     *engine.Engine    // the one engine, or nil
 	domains map[string]Domain // by domain, when there are several
 	log     *slog.Logger
+	// OneQuota names the headers that describe the deciding limit alone, which
+	// response_headers_to_add carries beside RateLimit, RateLimit-Policy and
+	// Retry-After. The zero value (the default) sends none of them, as
+	// envoyproxy/ratelimit sends none unless LIMIT_RESPONSE_HEADERS_ENABLED is set
+	// (see ERLHeaders). Set it before serving.
+	OneQuota algo.OneQuotaNames
+}
+
+// ERLHeaders reads envoyproxy/ratelimit's settings of its response headers through
+// getenv, so that a service configured for ERL answers with the same headers:
+// LIMIT_RESPONSE_HEADERS_ENABLED turns them on, and LIMIT_LIMIT_HEADER,
+// LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER rename RateLimit-Limit,
+// RateLimit-Remaining and RateLimit-Reset (ERL's defaults).
+func ERLHeaders(getenv func(string) string) (algo.OneQuotaNames, error) {
+	v := getenv("LIMIT_RESPONSE_HEADERS_ENABLED")
+	if v == "" {
+		return algo.OneQuotaNames{}, nil
+	}
+	on, err := strconv.ParseBool(v)
+	if err != nil {
+		return algo.OneQuotaNames{}, fmt.Errorf("LIMIT_RESPONSE_HEADERS_ENABLED=%q: want true or false", v)
+	}
+	if !on {
+		return algo.OneQuotaNames{}, nil
+	}
+	names := algo.OneQuotaNames{Limit: "RateLimit-Limit", Remaining: "RateLimit-Remaining", Reset: "RateLimit-Reset"}
+	for _, f := range []struct {
+		env  string
+		name *string
+	}{{"LIMIT_LIMIT_HEADER", &names.Limit}, {"LIMIT_REMAINING_HEADER", &names.Remaining}, {"LIMIT_RESET_HEADER", &names.Reset}} {
+		v := getenv(f.env)
+		if v == "" {
+			continue
+		}
+		if !httpguts.ValidHeaderFieldName(v) {
+			return algo.OneQuotaNames{}, fmt.Errorf("%s=%.64q: not a header name; use letters, digits and - (such as X-RateLimit-Limit)", f.env, v)
+		}
+		*f.name = v
+	}
+	return names, nil
 }
 
 // A Domain is one envoyproxy/ratelimit configuration file as the service decides it.
@@ -168,7 +210,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		resp.Statuses = append(resp.Statuses, st)
 	}
-	hs := v.Headers()
+	hs := v.HeadersNamed(s.OneQuota)
 	values := make([]commonv3.HeaderValue, len(hs))
 	resp.ResponseHeadersToAdd = make([]*commonv3.HeaderValue, len(hs))
 	for i, kv := range hs {

@@ -1,0 +1,97 @@
+package rls_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/policy"
+	"github.com/tollgate-dev/tollgate/shared/redisstore"
+	"github.com/tollgate-dev/tollgate/shared/redistest"
+	"github.com/tollgate-dev/tollgate/shared/rls"
+)
+
+// TestOneQuotaHeaders: by default response_headers_to_add carries RateLimit and
+// RateLimit-Policy alone, as envoyproxy/ratelimit adds no header unless told to; with
+// ERL's LIMIT_RESPONSE_HEADERS_ENABLED (rls.ERLHeaders) it also carries the deciding
+// limit's limit, remaining and reset under ERL's names, or the names its variables set.
+func TestOneQuotaHeaders(t *testing.T) {
+	p, err := policy.Parse([]byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := redisstore.Open(redisstore.Config{URL: "redis://" + redistest.StartServer(t).Addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	eng, err := engine.New(engine.Config{Policy: p, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	headers := func(names algo.OneQuotaNames, value string) map[string]string {
+		t.Helper()
+		srv := rls.New(eng, nil)
+		srv.OneQuota = names
+		resp, err := serve(t, srv).ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", value)}})
+		if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("ShouldRateLimit = %v, %v; want OK", resp, err)
+		}
+		h := map[string]string{}
+		for _, kv := range resp.ResponseHeadersToAdd {
+			h[kv.Key] = kv.Value
+		}
+		return h
+	}
+
+	h := headers(algo.OneQuotaNames{}, "a")
+	if len(h) != 2 || !strings.Contains(h["RateLimit-Policy"], `"per-key";q=20;w=60`) || !strings.Contains(h["RateLimit"], `"per-key";r=19;`) {
+		t.Errorf("default headers = %v, want RateLimit-Policy and RateLimit alone", h)
+	}
+
+	for _, tc := range []struct {
+		env  map[string]string
+		want algo.OneQuotaNames
+	}{
+		{map[string]string{"LIMIT_RESPONSE_HEADERS_ENABLED": "true"}, algo.OneQuotaNames{Limit: "RateLimit-Limit", Remaining: "RateLimit-Remaining", Reset: "RateLimit-Reset"}},
+		{map[string]string{"LIMIT_RESPONSE_HEADERS_ENABLED": "1", "LIMIT_LIMIT_HEADER": "A-Limit", "LIMIT_REMAINING_HEADER": "A-Remaining", "LIMIT_RESET_HEADER": "A-Reset"}, algo.OneQuotaNames{Limit: "A-Limit", Remaining: "A-Remaining", Reset: "A-Reset"}},
+		{map[string]string{"LIMIT_RESPONSE_HEADERS_ENABLED": "false", "LIMIT_LIMIT_HEADER": "A-Limit"}, algo.OneQuotaNames{}},
+		{nil, algo.OneQuotaNames{}},
+	} {
+		names, err := rls.ERLHeaders(func(k string) string { return tc.env[k] })
+		if err != nil || names != tc.want {
+			t.Errorf("ERLHeaders(%v) = %+v, %v; want %+v", tc.env, names, err, tc.want)
+		}
+	}
+	names, _ := rls.ERLHeaders(func(k string) string {
+		return map[string]string{"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_RESET_HEADER": "A-Reset"}[k]
+	})
+	h = headers(names, "b")
+	if h["RateLimit-Limit"] != "20" || h["RateLimit-Remaining"] != "19" || h["A-Reset"] == "" || h["RateLimit-Reset"] != "" || len(h) != 5 {
+		t.Errorf("headers with ERL's on = %v, want RateLimit-Limit 20, RateLimit-Remaining 19 and A-Reset beside the RateLimit headers", h)
+	}
+
+	for env, want := range map[string]string{
+		"LIMIT_RESPONSE_HEADERS_ENABLED=sometimes": "LIMIT_RESPONSE_HEADERS_ENABLED",
+		"LIMIT_LIMIT_HEADER=Bad Name":              "LIMIT_LIMIT_HEADER",
+	} {
+		k, v, _ := strings.Cut(env, "=")
+		_, err := rls.ERLHeaders(func(n string) string {
+			switch n {
+			case k:
+				return v
+			case "LIMIT_RESPONSE_HEADERS_ENABLED":
+				return "true"
+			}
+			return ""
+		})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ERLHeaders with %s = %v, want an error naming %s", env, err, want)
+		}
+	}
+}
