@@ -68,7 +68,7 @@ type result struct {
 func main() {
 	conc := flag.String("c", "1,8,64", "concurrencies")
 	dur := flag.Duration("duration", 3*time.Second, "measured time per round")
-	rounds := flag.Int("rounds", 3, "rounds per subject and concurrency")
+	rounds := flag.Int("rounds", 5, "rounds per subject and concurrency")
 	out := flag.String("out", "dist/bench/erl.md", "the report")
 	flag.Parse()
 	if err := run(*conc, *dur, *rounds, *out); err != nil {
@@ -342,6 +342,19 @@ func write(results map[string]map[int][]result, erl, tg string, concs []int, d t
 				median(rs, func(r result) float64 { return r.clientCPU * 1e6 / float64(max(1, r.decisions)) }),
 				rate/base)
 		}
+	}
+	// The machine's other load moves both subjects from round to round: the ratio of
+	// each pair of rounds (run back to back) shows how far one run's median can move.
+	fmt.Fprintf(&b, "\n× ERL decisions/s round by round (each tollgate round over the ERL round before it):\n\n")
+	for _, c := range concs {
+		var rs []string
+		for i, r := range results[tg][c] {
+			if i < len(results[erl][c]) {
+				e := results[erl][c][i]
+				rs = append(rs, fmt.Sprintf("%.2f", (float64(r.decisions)/r.seconds)/(float64(e.decisions)/e.seconds)))
+			}
+		}
+		fmt.Fprintf(&b, "- c=%d: %s\n", c, strings.Join(rs, ", "))
 	}
 	return b.String()
 }
