@@ -32,6 +32,7 @@ func TestLoadConfig(t *testing.T) {
 		{"bad batch wait", map[string]string{"TOLLGATE_BATCH_WAIT": "soon"}, nil, config{}, "TOLLGATE_BATCH_WAIT"},
 		{"ERL's response headers", map[string]string{"LIMIT_RESPONSE_HEADERS_ENABLED": "true"}, nil, config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml", Batch: true, OneQuota: algo.OneQuotaNames{Limit: "RateLimit-Limit", Remaining: "RateLimit-Remaining", Reset: "RateLimit-Reset"}}, ""},
 		{"bad ERL headers flag", map[string]string{"LIMIT_RESPONSE_HEADERS_ENABLED": "sometimes"}, nil, config{}, "LIMIT_RESPONSE_HEADERS_ENABLED"},
+		{"batch wait of nothing", map[string]string{"TOLLGATE_BATCH_WAIT": "0"}, nil, config{}, "TOLLGATE_BATCH_WAIT"},
 		{"batch wait too long", map[string]string{"TOLLGATE_BATCH_WAIT": "2s"}, nil, config{}, "TOLLGATE_BATCH_WAIT"},
 		{"env", map[string]string{"TOLLGATE_LISTEN": ":9", "TOLLGATE_POLICY": "p.yaml", "REDIS_URL": "redis://r:6379", "REDIS_CLUSTER": "true", "TOLLGATE_ADMIN_TOKEN": "t"}, nil,
 			config{Listen: ":9", PolicyPath: "p.yaml", RedisURL: "redis://r:6379", RedisCluster: true, AdminToken: "t", Batch: true}, ""},

@@ -116,13 +116,13 @@ func run(concList string, dur time.Duration, rounds int, out string) error {
 	}
 	erl := &subject{name: "envoyproxy/ratelimit", addr: "127.0.0.1:" + strconv.Itoa(ports[0])}
 	erl.cmd = exec.Command(erlBin)
-	erl.cmd.Env = append(os.Environ(), "GRPC_PORT="+strconv.Itoa(ports[0]), "PORT="+strconv.Itoa(ports[1]), "DEBUG_PORT="+strconv.Itoa(ports[2]),
+	erl.cmd.Env = append(baseEnv(), "GRPC_PORT="+strconv.Itoa(ports[0]), "PORT="+strconv.Itoa(ports[1]), "DEBUG_PORT="+strconv.Itoa(ports[2]),
 		"RUNTIME_ROOT="+filepath.Join(tmp, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
 		"USE_STATSD=false", "DISABLE_STATS=true", "LOG_LEVEL=error", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redisAddr)
 	tg := &subject{name: "tollgate", addr: "127.0.0.1:" + strconv.Itoa(ports[3])}
 	tg.cmd = exec.Command(tgBin, "--listen", "127.0.0.1:"+strconv.Itoa(ports[4]), "--grpc-listen", tg.addr,
 		"--erl-config", cfgDir, "--policy", "lambda/policy.yaml")
-	tg.cmd.Env = append(os.Environ(), "REDIS_URL="+srv.URL)
+	tg.cmd.Env = append(baseEnv(), "REDIS_URL="+srv.URL)
 	for _, s := range []*subject{erl, tg} {
 		if err := s.cmd.Start(); err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
@@ -164,6 +164,24 @@ func run(concList string, dur time.Duration, rounds int, out string) error {
 		return err
 	}
 	return os.WriteFile(out, []byte(report), 0o644)
+}
+
+// baseEnv is this process's environment without what would change either service
+// from the defaults the report states: GOGC, GOMEMLIMIT, and tollgate's, ERL's
+// response headers' and Redis's settings (each service gets its Redis address from
+// the bench).
+func baseEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		switch {
+		case name == "GOGC", name == "GOMEMLIMIT", strings.HasPrefix(name, "TOLLGATE_"),
+			strings.HasPrefix(name, "LIMIT_"), strings.HasPrefix(name, "REDIS_"):
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
 }
 
 // buildERL installs ERL's service_cmd from the module proxy into dir.
@@ -317,7 +335,7 @@ func redisCommands(ctx context.Context, rc *redis.Client) (calls int64, usec flo
 func write(results map[string]map[int][]result, erl, tg string, concs []int, d time.Duration, rounds int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# tollgate vs envoyproxy/ratelimit over gRPC\n\n")
-	fmt.Fprintf(&b, "Same redis-server, same configuration (ERL's YAML: 10,000 clients at 100 per second, fixed window), same gRPC client; %d interleaved rounds of %v per cell; medians of the rounds. ERL %s with USE_STATSD=false and DISABLE_STATS=true and its other defaults (Go's GOGC=100 among them); tollgate's limiter with --erl-config and its defaults (batching on, a queue waits at most %v behind a round trip; GOGC=400). Redis CPU is INFO cpu's; Redis commands counts every command INFO commandstats lists (a tollgate batch is one FCALL plus the commands its script runs), and command µs is their time there (a script's time includes its commands').\n\n", rounds, d, strings.TrimPrefix(erlModule, "github.com/envoyproxy/ratelimit/src/service_cmd@"), redisstore.DefaultMaxWait)
+	fmt.Fprintf(&b, "Same redis-server, same configuration (ERL's YAML: 10,000 clients at 100 per second, fixed window), same gRPC client; %d interleaved rounds of %v per cell; medians of the rounds. ERL %s with USE_STATSD=false and DISABLE_STATS=true and its other defaults (Go's GOGC=100 among them); tollgate's limiter with --erl-config and its defaults (batching on, a queue waits at most %v behind a round trip; GOGC=400); neither gets this process's GOGC, GOMEMLIMIT, TOLLGATE_*, LIMIT_* or REDIS_* variables. Redis CPU is INFO cpu's; Redis commands counts every command INFO commandstats lists (a tollgate batch is one FCALL plus the commands its script runs), and command µs is their time there (a script's time includes its commands').\n\n", rounds, d, strings.TrimPrefix(erlModule, "github.com/envoyproxy/ratelimit/src/service_cmd@"), redisstore.DefaultMaxWait)
 	fmt.Fprintf(&b, "| c | subject | decisions/s | p50 (µs) | p99 (µs) | server CPU µs/decision | Redis CPU µs/decision | Redis commands/decision | command µs/decision | client CPU µs/decision | × ERL decisions/s |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	median := func(rs []result, f func(result) float64) float64 {
 		v := make([]float64, len(rs))

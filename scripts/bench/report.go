@@ -1,8 +1,6 @@
 package main
 
 import (
-	"github.com/tollgate-dev/tollgate/shared/redisstore"
-
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -10,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/tollgate-dev/tollgate/shared/redisstore"
 )
 
 // writeReport writes report.md, results.json, throughput.svg and README-section.md

@@ -93,13 +93,12 @@ func HeadersNamed(qs []Quota, deciding int, names OneQuotaNames) [][2]string {
 		{"RateLimit-Policy", strings.Join(policies, ", ")},
 		{"RateLimit", strings.Join(limits, ", ")},
 	}
-	for _, kv := range [][2]string{
-		{names.Limit, strconv.FormatInt(q, 10)},
-		{names.Remaining, strconv.FormatInt(max(0, d.Decision.Remaining), 10)},
-		{names.Reset, strconv.FormatInt(Seconds(d.Decision.ResetAfter), 10)},
-	} {
-		if kv[0] != "" {
-			h = append(h, kv)
+	for _, f := range []struct {
+		name  string
+		value int64
+	}{{names.Limit, q}, {names.Remaining, max(0, d.Decision.Remaining)}, {names.Reset, Seconds(d.Decision.ResetAfter)}} {
+		if f.name != "" {
+			h = append(h, [2]string{f.name, strconv.FormatInt(f.value, 10)})
 		}
 	}
 	if !d.Decision.Allowed {

@@ -394,8 +394,10 @@ func testFailoverCluster(t *testing.T, fullCoverage bool) {
 	replica := c.ReplicaOf(t, dead)
 	r.waitSaturated(t)
 
-	dead.Kill()
+	// The kill's time is when the signal goes: Kill waits for the process to exit,
+	// and an answer that fails in that wait comes after the kill, not before it.
 	killed := time.Now()
+	dead.Kill()
 	promoted := c.WaitPromoted(t, replica, 15*time.Second)
 	untilBound(promoted)
 	r.check(t, failover{killed: killed, promoted: promoted, onDead: func(k int) bool { return masterOf[k] == dead }, allDown: fullCoverage})
@@ -421,8 +423,8 @@ func testFailoverSentinel(t *testing.T, downAfter time.Duration) {
 	r := startFailoverRun(t, s.URL(), false)
 	r.waitSaturated(t)
 
+	killed := time.Now() // before the signal, as in testFailoverCluster
 	s.Master().Kill()
-	killed := time.Now()
 	p := s.WaitPromoted(t, s.Replica(), 20*time.Second)
 	t.Logf("replica role:master %v after the kill, named by the first Sentinel %v, by all %v",
 		p.Promoted.Sub(killed).Round(time.Millisecond), p.Announced.Sub(killed).Round(time.Millisecond), p.Agreed.Sub(killed).Round(time.Millisecond))

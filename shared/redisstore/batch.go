@@ -18,9 +18,10 @@ const (
 	DefaultMaxBatch = 64
 	// DefaultMaxWait: a Redis round trip under load takes a few hundred
 	// microseconds; a queue that goes out on its own sooner makes smaller batches,
-	// which cost Redis and the service a write and a read each. At 50µs make
-	// bench-erl measured 1.36× envoyproxy/ratelimit's throughput at concurrency 64
-	// and 1.06× its Redis CPU per decision; at 300µs 1.45–1.75× and 0.85–0.95×.
+	// which cost Redis and the service a write and a read each. make bench-erl at
+	// concurrency 64, on 2026-11-26: at 50µs 1.36× envoyproxy/ratelimit's throughput
+	// and 1.06× its Redis CPU per decision (one run); at 300µs 1.39–1.75× and
+	// 0.84–0.98× (seven runs).
 	DefaultMaxWait = 300 * time.Microsecond
 )
 

@@ -1,0 +1,103 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/redistest"
+)
+
+// TestFixedWindowLoneCharge covers the path a one-meter fixed_window request takes
+// (lua/fixed_window.lua's fw_lone: INCRBY first, given back when over), on the
+// server's clock and on a caller's: a denial leaves no key where there was none and
+// the count and TTL as they were where there was one; a window's first charge sets
+// its key's TTL (the window's end on the server's clock, the reset plus a second's
+// slack on a caller's), which later charges leave alone.
+func TestFixedWindowLoneCharge(t *testing.T) {
+	srv := redistest.StartServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = client.Close() })
+	store := loadedStore(t, client)
+	ctx := context.Background()
+	m := algo.Meter{Limits: []algo.Limit{{Algorithm: algo.FixedWindow, Count: 3, Period: time.Minute}}}
+	period := m.Limits[0].Period.Microseconds()
+
+	for _, clock := range []string{"server", "caller"} {
+		t.Run(clock, func(t *testing.T) {
+			key := algo.Key("lone:", clock, "r", "", "0")
+			var now int64 // 0: the server's clock
+			if clock == "caller" {
+				// the start of a window, so that the whole test stays in it
+				now = (time.Now().UnixMicro()/period + 1) * period
+			}
+			decide := func(cost int64) algo.Outcome {
+				t.Helper()
+				o, err := store.Decide(ctx, algo.Check{Keys: []string{key}, Meters: []algo.Meter{m}, Cost: cost, NowMicros: now})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return o
+			}
+			// A charge over the limit on a window nobody charged leaves no key.
+			if o := decide(4); o.Allowed {
+				t.Fatal("cost 4 on a limit of 3: allowed")
+			}
+			if keys := scanKeys(t, client, "*lone*"+clock+"*"); len(keys) != 0 {
+				t.Fatalf("after a denial on a new window, keys %v; want none", keys)
+			}
+
+			o := decide(1)
+			if !o.Allowed {
+				t.Fatal("first unit: denied")
+			}
+			w := o.NowMicros / period
+			win := fmt.Sprintf("%s:%d", key, w)
+			reset := o.Decisions[0][0].ResetAfter
+			pttl := func() time.Duration {
+				t.Helper()
+				d, err := client.PTTL(ctx, win).Result()
+				if err != nil || d <= 0 {
+					t.Fatalf("PTTL %s = %v, %v; want a TTL", win, d, err)
+				}
+				return d
+			}
+			first := pttl()
+			switch clock {
+			case "server": // the window's end, to the millisecond
+				if want := time.Duration((w+1)*period-o.NowMicros) * time.Microsecond; first > want+time.Millisecond || first < want-50*time.Millisecond {
+					t.Errorf("PTTL after the first charge = %v, want the window's end, %v", first, want)
+				}
+			case "caller": // the reset plus the caller's-clock slack of a second
+				if want := reset + time.Second; first > want+time.Millisecond || first < want-50*time.Millisecond {
+					t.Errorf("PTTL after the first charge = %v, want the reset plus 1s, %v", first, want)
+				}
+			}
+
+			// A denial on a window with a count leaves the count and the TTL.
+			if o := decide(3); o.Allowed {
+				t.Fatal("cost 3 after 1 of 3: allowed")
+			}
+			if n, err := client.Get(ctx, win).Int64(); err != nil || n != 1 {
+				t.Errorf("count after a denial = %d, %v; want 1", n, err)
+			}
+			if d := pttl(); d > first {
+				t.Errorf("PTTL after a denial = %v, up from %v; a denial must not move it", d, first)
+			}
+			// The next charges count, and leave the TTL the first one set.
+			if o := decide(2); !o.Allowed || o.Decisions[0][0].Remaining != 0 {
+				t.Errorf("cost 2 after 1 of 3 = %+v; want allowed with 0 remaining", o)
+			}
+			if d := pttl(); d > first {
+				t.Errorf("PTTL after a later charge = %v, up from %v", d, first)
+			}
+			if n, err := client.Get(ctx, win).Int64(); err != nil || n != 3 {
+				t.Errorf("count = %d, %v; want 3", n, err)
+			}
+		})
+	}
+}
