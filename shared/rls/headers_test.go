@@ -9,9 +9,6 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
-	"github.com/tollgate-dev/tollgate/shared/engine"
-	"github.com/tollgate-dev/tollgate/shared/policy"
-	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 	"github.com/tollgate-dev/tollgate/shared/rls"
 )
@@ -21,19 +18,7 @@ import (
 // ERL's LIMIT_RESPONSE_HEADERS_ENABLED (rls.ERLHeaders) it also carries the deciding
 // limit's limit, remaining and reset under ERL's names, or the names its variables set.
 func TestOneQuotaHeaders(t *testing.T) {
-	p, err := policy.Parse([]byte(testPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := redisstore.Open(redisstore.Config{URL: "redis://" + redistest.StartServer(t).Addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	eng, err := engine.New(engine.Config{Policy: p, Store: st})
-	if err != nil {
-		t.Fatal(err)
-	}
+	eng := testEngine(t, "redis://"+redistest.StartServer(t).Addr, false)
 	headers := func(names algo.OneQuotaNames, value string) map[string]string {
 		t.Helper()
 		srv := rls.New(eng, nil)

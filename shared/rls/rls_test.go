@@ -36,6 +36,12 @@ rules:
 // client starts the service on a real Redis at url behind a gRPC server on loopback.
 func client(t *testing.T, url string, cluster bool) rlsv3.RateLimitServiceClient {
 	t.Helper()
+	return serve(t, rls.New(testEngine(t, url, cluster), nil))
+}
+
+// testEngine returns an engine of testPolicy on a real Redis at url.
+func testEngine(t *testing.T, url string, cluster bool) *engine.Engine {
+	t.Helper()
 	p, err := policy.Parse([]byte(testPolicy))
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +55,7 @@ func client(t *testing.T, url string, cluster bool) rlsv3.RateLimitServiceClient
 	if err != nil {
 		t.Fatal(err)
 	}
-	return serve(t, rls.New(eng, nil))
+	return eng
 }
 
 // serve runs srv behind a gRPC server on loopback and returns a client of it.
@@ -248,19 +254,7 @@ func TestDescriptorLimitOverride(t *testing.T) {
 // then 429 with the statuses, and 400 with a message for garbage.
 func TestJSONEndpoint(t *testing.T) {
 	t.Parallel()
-	p, err := policy.Parse([]byte(testPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := redisstore.Open(redisstore.Config{URL: "redis://" + redistest.StartServer(t).Addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	eng, err := engine.New(engine.Config{Policy: p, Store: st})
-	if err != nil {
-		t.Fatal(err)
-	}
+	eng := testEngine(t, "redis://"+redistest.StartServer(t).Addr, false)
 	h := rls.New(eng, nil).JSONHandler()
 	post := func(body string) (int, string) {
 		rec := httptest.NewRecorder()
