@@ -252,10 +252,19 @@ func (s *Store) Preload(ctx context.Context) error {
 }
 
 // load loads the library on one node: FUNCTION LOAD, or SCRIPT LOAD of each entry's
-// script where the server has no FUNCTION. A node that has the library already says
-// so before compiling it (its name is a digest of its code, so it is the same code):
-// loading it again costs the node nothing.
+// script where the server has no FUNCTION. It asks first, with a small command,
+// whether the node has the library (its name is a digest of its code, so it is the
+// same code): a node that has it is sent nothing, and a connection the node refuses
+// (a password not given) gets its NOAUTH answer there, where Redis 7 would close it
+// without one on receiving the library's 30 KB unauthenticated.
 func (s *Store) load(ctx context.Context, c redis.Cmdable) error {
+	has, err := s.loaded(ctx, c)
+	if err != nil {
+		return fmt.Errorf("redisstore: look for the Lua library %s: %w", s.lua.Name, err)
+	}
+	if has {
+		return nil
+	}
 	if !s.noFunctions.Load() {
 		err := c.FunctionLoad(ctx, s.lua.FunctionSource()).Err()
 		if err == nil || redis.HasErrorPrefix(err, "Library '"+s.lua.Name+"' already exists") {
