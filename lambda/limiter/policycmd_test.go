@@ -162,5 +162,24 @@ func TestERLConfigServed(t *testing.T) {
 		if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `"OK"`) {
 			t.Errorf("POST /json for domain %s = %d %s, want 200 OK", domain, rec.Code, rec.Body)
 		}
+		if strings.Contains(rec.Body.String(), "RateLimit-Limit") {
+			t.Errorf("POST /json for domain %s = %s, want no RateLimit-Limit without LIMIT_RESPONSE_HEADERS_ENABLED", domain, rec.Body)
+		}
+	}
+
+	// ERL's switch for its response headers reaches the service's answers.
+	c, err = loadConfig(env(map[string]string{"TOLLGATE_POLICY": "../policy.yaml", "TOLLGATE_ERL_CONFIG": dir, "LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_RESET_HEADER": "X-Reset"}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := newService(context.Background(), c, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	rec := httptest.NewRecorder()
+	s2.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(`{"domain": "basic", "descriptors": [{"entries": [{"key": "key1", "value": "v"}]}]}`)))
+	if body := rec.Body.String(); rec.Code != http.StatusOK || !strings.Contains(body, `"RateLimit-Limit"`) || !strings.Contains(body, `"X-Reset"`) {
+		t.Errorf("POST /json with LIMIT_RESPONSE_HEADERS_ENABLED = %d %s, want RateLimit-Limit and X-Reset among the headers", rec.Code, body)
 	}
 }
