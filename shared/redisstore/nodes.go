@@ -233,14 +233,9 @@ func (s *Store) Ping(ctx context.Context) error {
 // node that lost it (a restart, FUNCTION FLUSH, SCRIPT FLUSH), so that readiness
 // recovers by itself.
 func (s *Store) ping(ctx context.Context, c redis.Cmdable) error {
-	ok, err := s.loaded(ctx, c)
-	if err != nil {
+	// load asks the node first and sends the library only where it is missing.
+	if err := s.load(ctx, c); err != nil {
 		return fmt.Errorf("redisstore: ping: %w", err)
-	}
-	if !ok {
-		if err := s.load(ctx, c); err != nil {
-			return fmt.Errorf("redisstore: Lua library not loaded: %w", err)
-		}
 	}
 	return nil
 }

@@ -40,13 +40,10 @@ end
 -- leaves an existing key's TTL alone, so Redis runs one command where GET + SET ran
 -- two, and a charge that goes over is given back in the same call (BenchmarkScriptCost
 -- in shared/redisstore, tollgate-fixed_window, which make bench-core runs; make bench's
--- script-cost section). A meter that records takes check + commit.
+-- script-cost section). A meter that records, and a peek (cost 0), take check + commit.
 local function fw_lone(key, now, cost, args, pos, nl, record, out, o)
   local n, p = tonumber(args[pos]), tonumber(args[pos + 1])
   local k, e = fw_window(key, now, p, tonumber(args[pos + 3]))
-  if cost == 0 then
-    return fw_decide(n, p, tonumber(redis.call('GET', k) or '0'), cost, e, now, out, o)
-  end
   local used = redis.call('INCRBY', k, cost) - cost
   if fw_decide(n, p, used, cost, e, now, out, o) then
     -- The window's first charge sets its key's TTL, which stays. On the server's

@@ -106,7 +106,7 @@ local function request(keys, k0, args, a0, server)
     -- the reply of one limit, in one allocation; check fills in the decision
     local out = {now, 1, 0, 0, 0, 0, 0}
     local ok, s1, s2, s3, s4
-    if algo.lone and record == '' then
+    if algo.lone and record == '' and cost > 0 then
       ok = algo.lone(key, now, cost, args, pos + 4, nl, record, out, 2)
     else
       ok, s1, s2, s3, s4 = algo.check(key, now, cost, args, pos + 4, nl, record, out, 2)

@@ -18,6 +18,9 @@
 --   commit(key, now, cost, args, pos, nl, record, s1, s2, s3, s4) -> extra
 --     writes the charge; extra (a list of strings, or nil) is what a refund needs.
 --   writes(key, now, args, pos, nl, record) -> the keys commit may write (for undo).
+--   lone(key, now, cost, args, pos, nl, record, out, o) -> allowed (optional) decides
+--     and charges in one step a meter nothing else in its request can deny; decide
+--     takes it for such a meter with no record and a cost above 0.
 --   refund(key, charged_now, cost, args, pos, nl, extra, record, refund_now) undoes one
 --     charge logically, never giving back more than the charge still weighs: refill that
 --     happened since the charge already made up for part of it.
