@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -26,6 +27,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tollgate-dev/tollgate/scripts/internal/redisinfo"
 	"github.com/tollgate-dev/tollgate/scripts/internal/redisproc"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 )
@@ -251,24 +253,29 @@ func round(ctx context.Context, s *subject, rc *redis.Client, c int, d time.Dura
 		}()
 	}
 	time.Sleep(300 * time.Millisecond)
-	cpu0, rcpu0, ccpu0 := procCPU(s.cmd.Process.Pid), redisCPU(ctx, rc), procCPU(os.Getpid())
-	calls0, usec0 := redisCommands(ctx, rc)
+	cpu0, ccpu0 := procCPU(s.cmd.Process.Pid), procCPU(os.Getpid())
+	redis0, err0 := redisinfo.Read(ctx, rc)
 	t0 := time.Now()
 	measuring.Store(true)
 	time.Sleep(d)
 	measuring.Store(false)
 	secs := time.Since(t0).Seconds()
-	cpu1, rcpu1, ccpu1 := procCPU(s.cmd.Process.Pid), redisCPU(ctx, rc), procCPU(os.Getpid())
-	calls1, usec1 := redisCommands(ctx, rc)
+	cpu1, ccpu1 := procCPU(s.cmd.Process.Pid), procCPU(os.Getpid())
+	redis1, err1 := redisinfo.Read(ctx, rc)
 	close(stop)
 	wg.Wait()
 	if err, _ := failed.Load().(error); err != nil {
 		return result{}, err
 	}
+	if err := errors.Join(err0, err1); err != nil {
+		return result{}, err
+	}
 	all := slices.Concat(lat...)
 	slices.Sort(all)
-	r := result{decisions: n.Load(), seconds: secs, serverCPU: cpu1 - cpu0, redisCPU: rcpu1 - rcpu0, clientCPU: ccpu1 - ccpu0,
-		redisCalls: calls1 - calls0, redisCmdSecs: (usec1 - usec0) / 1e6}
+	notInfo := func(name string) bool { return name != "info" }
+	before, after := redis0.Sum(notInfo), redis1.Sum(notInfo)
+	r := result{decisions: n.Load(), seconds: secs, serverCPU: cpu1 - cpu0, redisCPU: redis1.CPU - redis0.CPU, clientCPU: ccpu1 - ccpu0,
+		redisCalls: int64(after.Calls - before.Calls), redisCmdSecs: (after.Usec - before.Usec) / 1e6}
 	if len(all) > 0 {
 		r.p50, r.p99 = all[len(all)/2], all[len(all)*99/100]
 	}
@@ -285,51 +292,6 @@ func procCPU(pid int) float64 {
 	ut, _ := strconv.ParseFloat(f[11], 64)
 	st, _ := strconv.ParseFloat(f[12], 64)
 	return (ut + st) / 100 // clock ticks; 100 per second on Linux
-}
-
-// redisCPU is Redis's used_cpu_user + used_cpu_sys, in seconds.
-func redisCPU(ctx context.Context, rc *redis.Client) float64 {
-	info, err := rc.Info(ctx, "cpu").Result()
-	if err != nil {
-		return 0
-	}
-	var total float64
-	for _, line := range strings.Split(info, "\r\n") {
-		k, v, _ := strings.Cut(line, ":")
-		if k == "used_cpu_user" || k == "used_cpu_sys" {
-			f, _ := strconv.ParseFloat(v, 64)
-			total += f
-		}
-	}
-	return total
-}
-
-// redisCommands sums INFO commandstats over every command but INFO itself: calls,
-// and the microseconds Redis spent running them (a script's commands count in the
-// script's time, not twice).
-func redisCommands(ctx context.Context, rc *redis.Client) (calls int64, usec float64) {
-	info, err := rc.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return 0, 0
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok || !strings.HasPrefix(k, "cmdstat_") || k == "cmdstat_info" {
-			continue
-		}
-		for _, f := range strings.Split(v, ",") {
-			name, val, _ := strings.Cut(f, "=")
-			switch name {
-			case "calls":
-				n, _ := strconv.ParseInt(val, 10, 64)
-				calls += n
-			case "usec":
-				u, _ := strconv.ParseFloat(val, 64)
-				usec += u
-			}
-		}
-	}
-	return calls, usec
 }
 
 func write(results map[string]map[int][]result, erl, tg string, concs []int, d time.Duration, rounds int) string {

@@ -5,14 +5,14 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-dev/tollgate/scripts/internal/redisinfo"
 )
 
 // A cell is one subject on one key set at one concurrency.
@@ -50,35 +50,18 @@ type redisStats struct {
 }
 
 func readRedisStats(ctx context.Context, c redis.UniversalClient) (redisStats, error) {
-	info, err := c.Info(ctx, "commandstats", "cpu").Result()
+	st, err := redisinfo.Read(ctx, c)
 	if err != nil {
-		return redisStats{}, fmt.Errorf("bench: INFO: %w", err)
+		return redisStats{}, fmt.Errorf("bench: %w", err)
 	}
-	var s redisStats
-	for _, line := range strings.Split(info, "\n") {
-		line = strings.TrimSpace(line)
-		name, rest, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
+	scripts := st.Sum(func(name string) bool {
 		switch name {
-		case "cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall", "cmdstat_fcall_ro":
-			for _, kv := range strings.Split(rest, ",") {
-				k, v, _ := strings.Cut(kv, "=")
-				f, _ := strconv.ParseFloat(v, 64)
-				switch k {
-				case "calls":
-					s.calls += f
-				case "usec":
-					s.usec += f
-				}
-			}
-		case "used_cpu_user", "used_cpu_sys":
-			f, _ := strconv.ParseFloat(rest, 64)
-			s.cpu += f
+		case "evalsha", "eval", "fcall", "fcall_ro":
+			return true
 		}
-	}
-	return s, nil
+		return false
+	})
+	return redisStats{calls: scripts.Calls, usec: scripts.Usec, cpu: st.CPU}, nil
 }
 
 // A sample is one round of one cell: what runRound measured.
