@@ -5,6 +5,7 @@ import (
 	"embed"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -84,29 +85,36 @@ func (l Library) Script(e Entry) string {
 // Arguments are built here only, for every entry point: numbers go as int64, which
 // go-redis writes into its buffer without formatting a string first.
 
-// appendMeterArgs appends decide's ARGV for one meter to dst.
+// appendMeterArgs appends decide's ARGV for one meter to dst: its spec and its record.
 func appendMeterArgs(dst []any, m Meter) []any {
-	var shadow any = "0" // a constant in an interface: no allocation (BenchmarkDecide)
-	if m.Shadow {
-		shadow = "1"
-	}
-	dst = append(dst, string(m.Algorithm()), shadow, m.Record, int64(len(m.Limits)))
-	return appendLimitArgs(dst, m)
+	return append(dst, m.spec(), m.Record)
 }
 
-func appendLimitArgs(dst []any, m Meter) []any {
+// spec returns the meter's spec (lua/library.lua): its algorithm, shadow (0|1), then
+// per limit count, period_us, capacity and bucket_us, separated by single spaces.
+func (m Meter) spec() string {
 	var bucket int64
 	if m.Algorithm() == BucketRing {
 		bucket = micros(m.RingBucket())
+	}
+	b := make([]byte, 0, 24+len(m.Limits)*40)
+	b = append(b, m.Algorithm()...)
+	if m.Shadow {
+		b = append(b, " 1"...)
+	} else {
+		b = append(b, " 0"...)
 	}
 	for _, l := range m.Limits {
 		fourth := bucket // a ring's bucket width, or a calendar window's start
 		if l.WindowStartMicros != 0 {
 			fourth = l.WindowStartMicros
 		}
-		dst = append(dst, l.Count, micros(l.Period), l.Capacity(), fourth)
+		for _, v := range [...]int64{l.Count, micros(l.Period), l.Capacity(), fourth} {
+			b = append(b, ' ')
+			b = strconv.AppendInt(b, v, 10)
+		}
 	}
-	return dst
+	return string(b)
 }
 
 // AppendDecideArgs appends to dst the ARGV of the library's decide entry for c, with
@@ -131,7 +139,7 @@ func AppendDecideArgs(dst []any, c Check, undo bool) []any {
 // cost units, at now in Unix microseconds (0: the Redis server's clock), with or
 // without undo data.
 func DecideArgs(meters []Meter, cost int64, now int64, undo bool) []any {
-	return AppendDecideArgs(make([]any, 0, 4+len(meters)*8), Check{Meters: meters, Cost: cost, NowMicros: now}, undo)
+	return AppendDecideArgs(make([]any, 0, 4+len(meters)*2), Check{Meters: meters, Cost: cost, NowMicros: now}, undo)
 }
 
 // ManyCall returns the KEYS and ARGV of the library's many entry for checks, each
@@ -303,8 +311,7 @@ func RefundCall(meters []Meter, keys []string, undo []Undo, charged, refundNow, 
 	args := []any{charged, now, cost, int64(len(undo))}
 	for _, u := range undo {
 		m := meters[u.Meter]
-		args = append(args, string(m.Algorithm()), m.Record, int64(len(m.Limits)))
-		args = appendLimitArgs(args, m)
+		args = appendMeterArgs(args, m)
 		ks = append(ks, keys[u.Meter])
 		ks = append(ks, u.Keys...)
 		args = append(args, int64(len(u.Keys)))

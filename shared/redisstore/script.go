@@ -49,7 +49,7 @@ func callArgs(keys []string, argc int) []any {
 
 // decideCall is the call of the decide entry for c.
 func decideCall(c algo.Check, undo bool) *scriptCall {
-	args := algo.AppendDecideArgs(callArgs(c.Keys, 4+8*len(c.Meters)), c, undo)
+	args := algo.AppendDecideArgs(callArgs(c.Keys, 4+2*len(c.Meters)), c, undo)
 	sc := &scriptCall{entry: algo.EntryDecide, args: args, ints: !undo}
 	if c.Cost > 0 {
 		sc.replicas = c.Replicas() // a peek (cost 0) writes nothing to wait for

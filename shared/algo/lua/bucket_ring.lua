@@ -4,23 +4,23 @@
 -- <j mod size>: count of bucket j}. commit clears the buckets between the last write
 -- and now (the buckets ahead of the last one), HINCRBYs the current bucket and renews
 -- the TTL, so a stale lap is never counted.
--- ARGV (see prelude.lua): one group per window: count, period_us, capacity (= count),
+-- Limits (see prelude.lua): one group per window: count, period_us, capacity (= count),
 -- W (the same in every group).
 -- Reply: one decision per window; a refund's extra data is the bucket charged.
 -- Time: the caller's now (server TIME unless the caller passed one).
 -- TTL: until the current bucket leaves the ring.
 
 -- br_ring returns the bucket width and the ring's size in buckets.
-local function br_ring(args, pos, nl)
-  local w = tonumber(args[pos + 3])
+local function br_ring(lim)
+  local w = lim[4]
   local size = 0
-  for i = 0, nl - 1 do size = max(size, tonumber(args[pos + 4 * i + 1]) / w) end
+  for i = 0, lim.nl - 1 do size = max(size, lim[4 * i + 2] / w) end
   return w, size
 end
 
 A.bucket_ring = algorithm({
-  check = function(key, now, cost, args, pos, nl, record, out, o)
-    local w, size = br_ring(args, pos, nl)
+  check = function(key, now, cost, lim, record, out, o)
+    local w, size = br_ring(lim)
     local cur = floor(now / w)
     local lv = redis.call('HGET', key, 'l')
     local set, last = false, 0
@@ -40,8 +40,8 @@ A.bucket_ring = algorithm({
     end
     local function bucket(j) return b[j] or 0 end
     local sums, allowed = {}, true
-    for i = 1, nl do
-      local n, span = tonumber(args[pos + 4 * i - 4]), tonumber(args[pos + 4 * i - 3]) / w
+    for i = 1, lim.nl do
+      local n, span = lim[4 * i - 3], lim[4 * i - 2] / w
       local sum = 0
       for j = cur - span + 1, cur do sum = sum + bucket(j) end
       sums[i] = sum
@@ -57,8 +57,8 @@ A.bucket_ring = algorithm({
         break
       end
     end
-    for i = 1, nl do
-      local n, p = tonumber(args[pos + 4 * i - 4]), tonumber(args[pos + 4 * i - 3])
+    for i = 1, lim.nl do
+      local n, p = lim[4 * i - 3], lim[4 * i - 2]
       local span, sum = p / w, sums[i]
       local ok, remaining, reset, retry = 0, max(0, n - sum), 0, 0
       if sum + cost <= n then
@@ -83,9 +83,9 @@ A.bucket_ring = algorithm({
     end
     return allowed, set, last, cur
   end,
-  commit = function(key, now, cost, args, pos, nl, record, set, last, cur)
+  commit = function(key, now, cost, lim, record, set, last, cur)
     if cost == 0 then return {} end
-    local w, size = br_ring(args, pos, nl)
+    local w, size = br_ring(lim)
     if not set or cur - last >= size then
       redis.call('DEL', key)
     elseif cur > last then
@@ -98,8 +98,8 @@ A.bucket_ring = algorithm({
     redis.call('PEXPIRE', key, ttl((cur + size) * w - now))
     return {string.format('%d', cur)}
   end,
-  refund = function(key, now, cost, args, pos, nl, extra)
-    local _, size = br_ring(args, pos, nl)
+  refund = function(key, now, cost, lim, extra)
+    local _, size = br_ring(lim)
     local cur = tonumber(extra[1])
     local lv = redis.call('HGET', key, 'l')
     if lv and cur > tonumber(lv) - size then

@@ -3,7 +3,7 @@
 -- K:<w>:r (hash: recorded value -> units). Both derive from K and keep its hash tag,
 -- so they live in K's cluster slot. The count is read and written in the same call
 -- as the decision, so the check-then-INCR race cannot happen.
--- ARGV (one limit, see prelude.lua): count, period_us, capacity (= count), and the
+-- Limit (one, see prelude.lua): count, period_us, capacity (= count), and the
 -- start of a calendar window (0: aligned to the epoch).
 -- Reply: one decision; retry_after is the window's end, or a period when cost > count.
 -- Time: the caller's now (server TIME unless the caller passed one).
@@ -41,9 +41,9 @@ end
 -- two, and a charge that goes over is given back in the same call (BenchmarkScriptCost
 -- in shared/redisstore, tollgate-fixed_window, which make bench-core runs; make bench's
 -- script-cost section). A meter that records, and a peek (cost 0), take check + commit.
-local function fw_lone(key, now, cost, args, pos, nl, record, out, o)
-  local n, p = tonumber(args[pos]), tonumber(args[pos + 1])
-  local k, e = fw_window(key, now, p, tonumber(args[pos + 3]))
+local function fw_lone(key, now, cost, lim, record, out, o)
+  local n, p = lim[1], lim[2]
+  local k, e = fw_window(key, now, p, lim[4])
   local used = redis.call('INCRBY', k, cost) - cost
   if fw_decide(n, p, used, cost, e, now, out, o) then
     -- The window's first charge sets its key's TTL, which stays. On the server's
@@ -67,13 +67,13 @@ end
 
 A.fixed_window = algorithm({
   lone = fw_lone,
-  check = function(key, now, cost, args, pos, nl, record, out, o)
-    local n, p = tonumber(args[pos]), tonumber(args[pos + 1])
-    local k, e = fw_window(key, now, p, tonumber(args[pos + 3]))
+  check = function(key, now, cost, lim, record, out, o)
+    local n, p = lim[1], lim[2]
+    local k, e = fw_window(key, now, p, lim[4])
     local used = tonumber(redis.call('GET', k) or '0')
     return fw_decide(n, p, used, cost, e, now, out, o), k, e, used
   end,
-  commit = function(key, now, cost, args, pos, nl, record, k, e, used)
+  commit = function(key, now, cost, lim, record, k, e, used)
     if cost == 0 then return end
     -- the count was read in this same call: SET ... PX leaves what INCRBY and PEXPIRE
     -- would, in one command
@@ -83,13 +83,13 @@ A.fixed_window = algorithm({
       redis.call('PEXPIRE', k .. ':r', ttl(e - now))
     end
   end,
-  writes = function(key, now, args, pos, nl, record)
-    local k = fw_window(key, now, tonumber(args[pos + 1]), tonumber(args[pos + 3]))
+  writes = function(key, now, lim, record)
+    local k = fw_window(key, now, lim[2], lim[4])
     if record ~= '' then return {k, k .. ':r'} end
     return {k}
   end,
-  refund = function(key, now, cost, args, pos, nl, extra, record)
-    local k = fw_window(key, now, tonumber(args[pos + 1]), tonumber(args[pos + 3]))
+  refund = function(key, now, cost, lim, extra, record)
+    local k = fw_window(key, now, lim[2], lim[4])
     if redis.call('EXISTS', k) == 1 and redis.call('DECRBY', k, cost) <= 0 then
       redis.call('DEL', k)
     end

@@ -2,7 +2,7 @@
 -- Each cost unit moves the TAT by T = period / count; admitted while the new TAT is at
 -- most capacity * T ahead of now.
 -- KEYS: the meter key K, a string: the TAT in microseconds (an integer when whole).
--- ARGV (one limit, see prelude.lua): count, period_us, capacity, 0.
+-- Limit (one, see prelude.lua): count, period_us, capacity, 0.
 -- Reply: one decision; delay is 0 (leaky_bucket reports one).
 -- Time: the caller's now (server TIME unless the caller passed one).
 -- TTL: until the TAT.
@@ -17,8 +17,8 @@ local function ceil_tat(x) return ceil_us(x - 0.25) end
 -- wait before the TAT as delay. It returns allowed, the new TAT - now and the reset,
 -- which commit writes.
 local function gcra_check(shape)
-  return function(key, now, cost, args, pos, nl, record, out, o)
-    local n, p, b = tonumber(args[pos]), tonumber(args[pos + 1]), tonumber(args[pos + 2])
+  return function(key, now, cost, lim, record, out, o)
+    local n, p, b = lim[1], lim[2], lim[3]
     local t = p / n
     local rel = 0
     local v = redis.call('GET', key)
@@ -40,16 +40,16 @@ end
 
 -- gcra_commit writes the TAT; the key lives until the reset reported (the TAT on the
 -- quarter-microsecond grid).
-local function gcra_commit(key, now, cost, args, pos, nl, record, new_rel, reset)
+local function gcra_commit(key, now, cost, lim, record, new_rel, reset)
   if cost > 0 then redis.call('SET', key, num(now + new_rel), 'PX', ttl(reset)) end
 end
 
-local function gcra_refund(key, now, cost, args, pos, nl, extra, record, refund_now)
+local function gcra_refund(key, now, cost, lim, extra, record, refund_now)
   local v = redis.call('GET', key)
   if not v then return end
   -- The charge moved the TAT by cost * T; the time since the charge may already have
   -- passed part of that (the TAT would have been caught up by now anyway).
-  local give = cost * (tonumber(args[pos + 1]) / tonumber(args[pos])) - max(0, refund_now - now)
+  local give = cost * (lim[2] / lim[1]) - max(0, refund_now - now)
   if give > 0 then
     redis.call('SET', key, num(max(refund_now, tonumber(v) - give)), 'KEEPTTL')
   end

@@ -9,8 +9,7 @@
 --   KEYS[i]: the key of meter i (all in one cluster slot).
 --   ARGV: now_us ('' = the server's clock; a caller's clock adds one second to every
 --     TTL, see prelude.lua), cost, undo (1: reply with what a refund needs), meter
---     count M, then per meter: algorithm, shadow (0|1), record ('' = none), limit
---     count L, then L times: count, period_us, capacity, bucket_us.
+--     count M, then per meter: its spec (see spec below) and its record ('' = none).
 --   Reply: {now_us, allowed (0|1), then per meter per limit: allowed, remaining,
 --     reset_after_us, retry_after_us, delay_us}; with undo, then per charged meter:
 --     meter index (from 0), key count, then per key: name, dump before ('' = absent),
@@ -34,42 +33,92 @@
 --   cluster slot denied.
 --   KEYS: per meter, its key then the keys its commit wrote (all in one cluster slot).
 --   ARGV: charged_now_us, refund_now_us ('' = the server's clock), cost, meter count M,
---     then per meter: algorithm, record, limit count L, L times {count, period_us,
---     capacity, bucket_us}, key count K, K times {dump before ('' = absent),
---     pexpiretime before (ms, -2 = absent), dump after ('' = absent)}, extra count E,
---     E extra values (from decide's undo).
+--     then per meter: its spec, its record, key count K, K times {dump before ('' =
+--     absent), pexpiretime before (ms, -2 = absent), dump after ('' = absent)}, extra
+--     count E, E extra values (from decide's undo).
 --   For each meter: when every key it wrote still holds exactly the bytes the charge
 --   left, the keys are restored byte for byte (RESTORE ... ABSTTL, or DEL where the key
 --   was absent); when anything else wrote them since, the algorithm's own inverse gives
 --   the units back instead, so a refund never loses another request's charge.
 --   Reply: the number of meters restored byte for byte.
 
+-- A meter's spec is one argument: its algorithm, shadow (0|1), then per limit count,
+-- period_us, capacity and bucket_us, separated by single spaces, e.g.
+-- "gcra 0 100 1000000 100 0". The same meters come back call after call, so a spec is
+-- parsed once per node and kept: a call then finds its meter's numbers with one
+-- lookup instead of converting five or more arguments (strtod, the largest part of a
+-- short call's own time: BenchmarkScriptCost in shared/redisstore, which make
+-- bench-core runs). The table lives as long as the library; it holds at most
+-- max_specs entries and starts over when full, so a stream of distinct limits (Envoy's
+-- per-descriptor overrides) cannot grow it without bound. What it holds is derived
+-- from the arguments alone, so a node answers the same with or without it.
+local max_specs = 4096
+local specs, nspecs = {}, 0
+
+-- spec returns the parsed spec s: {algo = A[<algorithm>], shadow = bool, nl = limit
+-- count, [1..4 * nl] = the limits' numbers}, or nil and an error reply when s is not
+-- a valid spec.
+local function spec(s)
+  local sp = specs[s]
+  if sp then return sp end
+  sp = {}
+  local name, shadow, rest = string.match(s or '', '^([%w_]+) ([01])(.*)$')
+  if not name then
+    return nil, redis.error_reply('tollgate: malformed meter spec ' .. string.format('%q', tostring(s)) .. ': want an algorithm, 0 or 1, then four numbers per limit')
+  end
+  local algo = A[name]
+  if not algo then
+    return nil, redis.error_reply('tollgate: unknown algorithm ' .. string.format('%q', name) .. ' in meter spec')
+  end
+  local n, ok = 0, true
+  for w in string.gmatch(rest, ' ([^ ]*)') do
+    n = n + 1
+    sp[n] = tonumber(w)
+    if not sp[n] then ok = false end
+  end
+  if not ok or n == 0 or n % 4 ~= 0 then
+    return nil, redis.error_reply('tollgate: malformed limits in meter spec ' .. string.format('%q', s) .. ': want four numbers per limit')
+  end
+  sp.algo, sp.shadow, sp.nl = algo, shadow == '1', n / 4
+  if nspecs >= max_specs then specs, nspecs = {}, 0 end
+  specs[s], nspecs = sp, nspecs + 1
+  return sp
+end
+
+-- server_now reads the server's clock in Unix microseconds. The seconds' text changes
+-- once a second: converting it once then, not on every call, saves a strtod per call
+-- (BenchmarkScriptCost).
+local last_sec, last_sec_us = nil, 0
 local function server_now()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if t[1] ~= last_sec then last_sec, last_sec_us = t[1], tonumber(t[1]) * 1000000 end
+  return last_sec_us + tonumber(t[2])
 end
 
-local function unknown(name)
-  return redis.error_reply('tollgate: unknown algorithm ' .. tostring(name))
+-- small converts an argument that is usually 1 (a cost, a meter count) without a
+-- strtod when it is (BenchmarkScriptCost).
+local function small(s)
+  if s == '1' then return 1 end
+  return tonumber(s)
 end
 
--- charge runs the commit of meter i, whose ARGV starts at args[mpos], with the state
--- its check returned; with undo, every key it may write is dumped before and after,
--- so that a refund can restore the bytes exactly when nothing else touched them in
--- between, and meter i's undo record is appended to out.
-local function charge(out, undo, i, algo, key, now, cost, args, mpos, s1, s2, s3, s4)
-  local nl, record = tonumber(args[mpos + 3]), args[mpos + 2]
+-- charge runs the commit of meter i (parsed spec sp, record) with the state its check
+-- returned; with undo, every key it may write is dumped before and after, so that a
+-- refund can restore the bytes exactly when nothing else touched them in between, and
+-- meter i's undo record is appended to out.
+local function charge(out, undo, i, sp, record, key, now, cost, s1, s2, s3, s4)
+  local algo = sp.algo
   if not undo then
-    algo.commit(key, now, cost, args, mpos + 4, nl, record, s1, s2, s3, s4)
+    algo.commit(key, now, cost, sp, record, s1, s2, s3, s4)
     return
   end
-  local writes = algo.writes(key, now, args, mpos + 4, nl, record)
+  local writes = algo.writes(key, now, sp, record)
   local before, expires = {}, {}
   for k = 1, #writes do
     before[k] = redis.call('DUMP', writes[k]) or ''
     expires[k] = redis.call('PEXPIRETIME', writes[k])
   end
-  local extra = algo.commit(key, now, cost, args, mpos + 4, nl, record, s1, s2, s3, s4) or {}
+  local extra = algo.commit(key, now, cost, sp, record, s1, s2, s3, s4) or {}
   out[#out + 1] = i - 1
   out[#out + 1] = #writes
   for k = 1, #writes do
@@ -84,7 +133,7 @@ end
 
 -- request decides one request: its keys from keys[k0 + 1] on, its ARGV (decide's)
 -- from args[a0 + 1] on; server is the server's clock when the caller read it already.
--- It returns decide's reply, or an error reply for an unknown algorithm.
+-- It returns decide's reply, or an error reply for a meter spec it cannot read.
 local function request(keys, k0, args, a0, server)
   local now
   if args[a0 + 1] == '' then
@@ -94,25 +143,25 @@ local function request(keys, k0, args, a0, server)
     now = tonumber(args[a0 + 1])
     ttl_slack = 1000000
   end
-  local cost = tonumber(args[a0 + 2])
+  local cost = small(args[a0 + 2])
   local undo = args[a0 + 3] == '1'
-  local m = tonumber(args[a0 + 4])
+  local m = small(args[a0 + 4])
   local pos = a0 + 5
   if m == 1 and not undo then
     -- one meter: nothing else can deny, so it is charged as soon as it allows
-    local algo = A[args[pos]]
-    if not algo then return unknown(args[pos]) end
-    local key, nl, record = keys[k0 + 1], tonumber(args[pos + 3]), args[pos + 2]
+    local sp, err = spec(args[pos])
+    if not sp then return err end
+    local algo, key, record = sp.algo, keys[k0 + 1], args[pos + 1]
     -- the reply of one limit, in one allocation; check fills in the decision
     local out = {now, 1, 0, 0, 0, 0, 0}
     local ok, s1, s2, s3, s4
     if algo.lone and record == '' and cost > 0 then
-      ok = algo.lone(key, now, cost, args, pos + 4, nl, record, out, 2)
+      ok = algo.lone(key, now, cost, sp, record, out, 2)
     else
-      ok, s1, s2, s3, s4 = algo.check(key, now, cost, args, pos + 4, nl, record, out, 2)
-      if ok then algo.commit(key, now, cost, args, pos + 4, nl, record, s1, s2, s3, s4) end
+      ok, s1, s2, s3, s4 = algo.check(key, now, cost, sp, record, out, 2)
+      if ok then algo.commit(key, now, cost, sp, record, s1, s2, s3, s4) end
     end
-    if not ok and args[pos + 1] ~= '1' then
+    if not ok and not sp.shadow then
       out[2] = 0
     end
     return out
@@ -121,21 +170,21 @@ local function request(keys, k0, args, a0, server)
   -- allow only when no meter that is not a shadow denies
   local out, pending = {now, 1}, {}
   for i = 1, m do
-    local algo = A[args[pos]]
-    if not algo then return unknown(args[pos]) end
-    local nl = tonumber(args[pos + 3])
-    local ok, s1, s2, s3, s4 = algo.check(keys[k0 + i], now, cost, args, pos + 4, nl, args[pos + 2], out, #out)
+    local sp, err = spec(args[pos])
+    if not sp then return err end
+    local record = args[pos + 1]
+    local ok, s1, s2, s3, s4 = sp.algo.check(keys[k0 + i], now, cost, sp, record, out, #out)
     if ok then
-      pending[#pending + 1] = {i, algo, pos, s1, s2, s3, s4}
-    elseif args[pos + 1] ~= '1' then
+      pending[#pending + 1] = {i, sp, record, s1, s2, s3, s4}
+    elseif not sp.shadow then
       out[2] = 0
     end
-    pos = pos + 4 + 4 * nl
+    pos = pos + 2
   end
   if out[2] == 0 then return out end
   for c = 1, #pending do
     local p = pending[c]
-    charge(out, undo, p[1], p[2], keys[k0 + p[1]], now, cost, args, p[3], p[4], p[5], p[6], p[7])
+    charge(out, undo, p[1], p[2], p[3], keys[k0 + p[1]], now, cost, p[4], p[5], p[6], p[7])
   end
   return out
 end
@@ -190,12 +239,11 @@ function E.refund(keys, args)
   local cost = tonumber(args[3])
   local pos, kpos, exact = 5, 1, 0
   for _ = 1, tonumber(args[4]) do
-    local algo = A[args[pos]]
-    if not algo then return unknown(args[pos]) end
-    local record, nl, lpos = args[pos + 1], tonumber(args[pos + 2]), pos + 3
-    pos = lpos + 4 * nl
-    local nk = tonumber(args[pos])
-    pos = pos + 1
+    local sp, err = spec(args[pos])
+    if not sp then return err end
+    local record = args[pos + 1]
+    local nk = tonumber(args[pos + 2])
+    pos = pos + 3
     -- a charge without undo keys (a lease's units, given back later) always takes
     -- the inverse
     local same = nk > 0
@@ -209,7 +257,7 @@ function E.refund(keys, args)
       restore(keys, kpos, args, pos, nk)
       exact = exact + 1
     else
-      algo.refund(keys[kpos], now, cost, args, lpos, nl, extra, record, refund_now)
+      sp.algo.refund(keys[kpos], now, cost, sp, extra, record, refund_now)
     end
     pos = pos + nk * 3 + 1 + ne
     kpos = kpos + 1 + nk

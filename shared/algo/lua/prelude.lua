@@ -9,20 +9,21 @@
 --
 -- Every algorithm A.<name> is a table of plain functions, defined once; a call
 -- allocates as little as it can (Redis pays for every table and closure of every call).
--- A meter's limits are the call's own ARGV: nl groups of four from args[pos]: count,
--- period_us, capacity, bucket_us (a ring's bucket, or a calendar window's start).
---   check(key, now, cost, args, pos, nl, record, out, o) -> allowed, s1, s2, s3, s4
+-- A meter's limits come parsed from its spec (see spec below): lim[1..4 * lim.nl] are
+-- lim.nl groups of four numbers: count, period_us, capacity, bucket_us (a ring's
+-- bucket, or a calendar window's start).
+--   check(key, now, cost, lim, record, out, o) -> allowed, s1, s2, s3, s4
 --     only reads. Writes one decision per limit into out from out[o + 1]: allowed 0|1,
 --     remaining, reset_after_us, retry_after_us, delay_us. allowed (a boolean) says
 --     whether the meter admits; s1..s4 are what commit needs.
---   commit(key, now, cost, args, pos, nl, record, s1, s2, s3, s4) -> extra
+--   commit(key, now, cost, lim, record, s1, s2, s3, s4) -> extra
 --     writes the charge; extra (a list of strings, or nil) is what a refund needs.
---   writes(key, now, args, pos, nl, record) -> the keys commit may write (for undo).
---   lone(key, now, cost, args, pos, nl, record, out, o) -> allowed (optional) decides
---     and charges in one step a meter nothing else in its request can deny; decide
---     takes it for such a meter with no record and a cost above 0.
---   refund(key, charged_now, cost, args, pos, nl, extra, record, refund_now) undoes one
---     charge logically, never giving back more than the charge still weighs: refill that
+--   writes(key, now, lim, record) -> the keys commit may write (for undo).
+--   lone(key, now, cost, lim, record, out, o) -> allowed (optional) decides and
+--     charges in one step a meter nothing else in its request can deny; decide takes
+--     it for such a meter with no record and a cost above 0.
+--   refund(key, charged_now, cost, lim, extra, record, refund_now) undoes one charge
+--     logically, never giving back more than the charge still weighs: refill that
 --     happened since the charge already made up for part of it.
 local A = {}
 -- Redis 7.0 lets a library's load reach no global but redis, not even math: these are

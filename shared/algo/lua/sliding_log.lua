@@ -2,14 +2,14 @@
 -- time (microseconds); an entry counts while score > now - period. Exact.
 -- KEYS: the meter key K (a sorted set). Members are "<time>:<seq>[:<record>]", unique
 -- because seq continues the count of live entries at that time.
--- ARGV (one limit, see prelude.lua): count, period_us, capacity (= count), 0.
+-- Limit (one, see prelude.lua): count, period_us, capacity (= count), 0.
 -- Reply: one decision; a refund's extra data are the members a charge added.
 -- Time: the caller's now (server TIME unless the caller passed one).
 -- TTL: the period after the newest entry. check only counts (ZCOUNT); expired entries
 -- are trimmed by commit, so a denied request changes nothing.
 A.sliding_log = algorithm({
-  check = function(key, now, cost, args, pos, nl, record, out, o)
-    local n, p = tonumber(args[pos]), tonumber(args[pos + 1])
+  check = function(key, now, cost, lim, record, out, o)
+    local n, p = lim[1], lim[2]
     local lo = '(' .. string.format('%d', now - p)
     local used = redis.call('ZCOUNT', key, lo, '+inf')
     local reset, newest = 0, 0
@@ -33,9 +33,9 @@ A.sliding_log = algorithm({
     put(out, o, 1, n - used - cost, reset, 0, 0)
     return true, newest
   end,
-  commit = function(key, now, cost, args, pos, nl, record, newest)
+  commit = function(key, now, cost, lim, record, newest)
     if cost == 0 then return end
-    local p = tonumber(args[pos + 1])
+    local p = lim[2]
     redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - p))
     -- Members must be unique, or ZADD would only rescore one and lose a unit: seq
     -- starts at the live count and steps past any member that already exists (after
@@ -55,7 +55,7 @@ A.sliding_log = algorithm({
     redis.call('PEXPIRE', key, ttl(newest + p - now))
     return members
   end,
-  refund = function(key, now, cost, args, pos, nl, extra)
+  refund = function(key, now, cost, lim, extra)
     if #extra > 0 then redis.call('ZREM', key, unpack(extra)) end
   end,
 })

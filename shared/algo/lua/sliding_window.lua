@@ -1,7 +1,7 @@
 -- sliding_window: two aligned window counters; the estimate of the last period is
 -- prev * (period - elapsed) / period + cur. O(1) memory, approximate.
 -- KEYS: the meter key K, a hash {w: current window, c: its count, p: previous count}.
--- ARGV (one limit, see prelude.lua): count, period_us, capacity (= count), 0.
+-- Limit (one, see prelude.lua): count, period_us, capacity (= count), 0.
 -- Reply: one decision.
 -- Time: the caller's now (server TIME unless the caller passed one).
 -- TTL: the end of the window after the current one.
@@ -12,8 +12,8 @@ local function sw_reset(w, p, now, cur, prev)
 end
 
 A.sliding_window = algorithm({
-  check = function(key, now, cost, args, pos, nl, record, out, o)
-    local n, p = tonumber(args[pos]), tonumber(args[pos + 1])
+  check = function(key, now, cost, lim, record, out, o)
+    local n, p = lim[1], lim[2]
     local w = floor(now / p)
     local st = redis.call('HMGET', key, 'w', 'c', 'p')
     local shift = 0
@@ -58,14 +58,14 @@ A.sliding_window = algorithm({
     -- commit's times count from the decision's now, which a shift moved
     return true, w, cur, prev, now
   end,
-  commit = function(key, now, cost, args, pos, nl, record, w, cur, prev, at)
+  commit = function(key, now, cost, lim, record, w, cur, prev, at)
     if cost == 0 then return end
-    local p = tonumber(args[pos + 1])
+    local p = lim[2]
     redis.call('HSET', key, 'w', string.format('%d', w), 'c', cur + cost, 'p', prev)
     redis.call('PEXPIRE', key, ttl((w + 2) * p - at))
   end,
-  refund = function(key, now, cost, args, pos)
-    local w = floor(now / tonumber(args[pos + 1]))
+  refund = function(key, now, cost, lim)
+    local w = floor(now / lim[2])
     local st = redis.call('HMGET', key, 'w', 'c', 'p')
     if not st[1] then return end
     local sw = tonumber(st[1])

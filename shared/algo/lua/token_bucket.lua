@@ -1,13 +1,13 @@
 -- token_bucket: up to capacity tokens, refilled at count per period continuously; a
 -- request takes cost tokens. An absent key is a full bucket.
 -- KEYS: the meter key K, a hash {t: tokens, s: time of the last refill (us)}.
--- ARGV (one limit, see prelude.lua): count, period_us, capacity, 0.
+-- Limit (one, see prelude.lua): count, period_us, capacity, 0.
 -- Reply: one decision; reset_after is the time to a full bucket.
 -- Time: the caller's now (server TIME unless the caller passed one).
 -- TTL: the time the bucket needs to refill completely.
 A.token_bucket = algorithm({
-  check = function(key, now, cost, args, pos, nl, record, out, o)
-    local n, p, b = tonumber(args[pos]), tonumber(args[pos + 1]), tonumber(args[pos + 2])
+  check = function(key, now, cost, lim, record, out, o)
+    local n, p, b = lim[1], lim[2], lim[3]
     local st = redis.call('HMGET', key, 't', 's')
     local tokens, last = b, now
     if st[1] then tokens, last = tonumber(st[1]), tonumber(st[2]) end
@@ -26,13 +26,13 @@ A.token_bucket = algorithm({
     put(out, o, 1, floor(left), reset, 0, 0)
     return true, left, max(now, last), reset
   end,
-  commit = function(key, now, cost, args, pos, nl, record, left, last, reset)
+  commit = function(key, now, cost, lim, record, left, last, reset)
     if cost == 0 then return end
     redis.call('HSET', key, 't', num(left), 's', num(last))
     redis.call('PEXPIRE', key, ttl(reset))
   end,
-  refund = function(key, now, cost, args, pos, nl, extra)
-    local n, p, b = tonumber(args[pos]), tonumber(args[pos + 1]), tonumber(args[pos + 2])
+  refund = function(key, now, cost, lim, extra)
+    local n, p, b = lim[1], lim[2], lim[3]
     local st = redis.call('HMGET', key, 't', 's')
     if not st[1] then return end
     -- Refill since the charge may have hit the capacity, where the charge's tokens
