@@ -143,17 +143,14 @@ func DecideArgs(meters []Meter, cost int64, now int64, undo bool) []any {
 }
 
 // ManyCall returns the KEYS and ARGV of the library's many entry for checks, each
-// decided without undo data: every check's keys, then the request count and per check
-// its key count, its argument count and decide's ARGV.
+// decided without undo data: every check's keys (one per meter), then the request
+// count and per check decide's ARGV.
 func ManyCall(checks []Check) ([]string, []any) {
 	var keys []string
 	args := []any{int64(len(checks))}
 	for _, c := range checks {
 		keys = append(keys, c.Keys...)
-		at := len(args)
-		args = append(args, int64(len(c.Keys)), nil)
 		args = AppendDecideArgs(args, c, false)
-		args[at+1] = int64(len(args) - at - 2)
 	}
 	return keys, args
 }

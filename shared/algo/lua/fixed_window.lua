@@ -41,10 +41,11 @@ end
 -- two, and a charge that goes over is given back in the same call (BenchmarkScriptCost
 -- in shared/redisstore, tollgate-fixed_window, which make bench-core runs; make bench's
 -- script-cost section). A meter that records, and a peek (cost 0), take check + commit.
-local function fw_lone(key, now, cost, lim, record, out, o)
+-- INCRBY takes the cost as the caller sent it: a number would be formatted (%.17g).
+local function fw_lone(key, now, cost, lim, out, o, cost_arg)
   local n, p = lim[1], lim[2]
   local k, e = fw_window(key, now, p, lim[4])
-  local used = redis.call('INCRBY', k, cost) - cost
+  local used = redis.call('INCRBY', k, cost_arg) - cost
   if fw_decide(n, p, used, cost, e, now, out, o) then
     -- The window's first charge sets its key's TTL, which stays. On the server's
     -- clock it is the window's end itself (to the millisecond, as check + commit's

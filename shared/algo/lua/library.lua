@@ -22,9 +22,8 @@
 -- many: several independent requests, each decided as decide decides it (all-or-nothing
 --   within a request, never across requests). The requests' keys must all be on this
 --   node. One call saves Redis the dispatch of each command and the setup of each call.
---   KEYS: every request's keys, request after request.
---   ARGV: request count R, then per request: its key count, its argument count N, and
---     its N arguments: decide's ARGV.
+--   KEYS: every request's keys, request after request: one per meter.
+--   ARGV: request count R, then per request decide's ARGV (4 + 2 per meter).
 --   Time: the server's clock is read at most once for the whole batch.
 --   Reply: R elements, each decide's reply to that request, or an error reply when the
 --     request failed (the other requests are unaffected).
@@ -156,7 +155,7 @@ local function request(keys, k0, args, a0, server)
     local out = {now, 1, 0, 0, 0, 0, 0}
     local ok, s1, s2, s3, s4
     if algo.lone and record == '' and cost > 0 then
-      ok = algo.lone(key, now, cost, sp, record, out, 2)
+      ok = algo.lone(key, now, cost, sp, out, 2, args[a0 + 2])
     else
       ok, s1, s2, s3, s4 = algo.check(key, now, cost, sp, record, out, 2)
       if ok then algo.commit(key, now, cost, sp, record, s1, s2, s3, s4) end
@@ -202,16 +201,18 @@ function E.many(keys, args)
   local out, server = {}, nil
   local kp, ap = 0, 1
   for i = 1, r do
-    local nk, na = tonumber(args[ap + 1]), tonumber(args[ap + 2])
-    if args[ap + 3] == '' and not server then server = server_now() end
+    -- a request has as many keys as meters, and decide's 4 + 2 per meter arguments
+    local m = small(args[ap + 4])
+    if not m then return redis.error_reply('tollgate: many: request ' .. i .. ' has no meter count') end
+    if args[ap + 1] == '' and not server then server = server_now() end
     -- a request that fails (an unknown algorithm, a key of the wrong type) fails alone
-    local ok, v = pcall(request, keys, kp, args, ap + 2, server)
+    local ok, v = pcall(request, keys, kp, args, ap, server)
     if ok or type(v) == 'table' then
       out[i] = v -- decide's reply, or an error reply (redis.call raises one)
     else
       out[i] = redis.error_reply(tostring(v))
     end
-    kp, ap = kp + nk, ap + 2 + na
+    kp, ap = kp + m, ap + 4 + 2 * m
   end
   return out
 end

@@ -19,9 +19,10 @@
 --   commit(key, now, cost, lim, record, s1, s2, s3, s4) -> extra
 --     writes the charge; extra (a list of strings, or nil) is what a refund needs.
 --   writes(key, now, lim, record) -> the keys commit may write (for undo).
---   lone(key, now, cost, lim, record, out, o) -> allowed (optional) decides and
+--   lone(key, now, cost, lim, out, o, cost_arg) -> allowed (optional) decides and
 --     charges in one step a meter nothing else in its request can deny; decide takes
---     it for such a meter with no record and a cost above 0.
+--     it for such a meter with no record and a cost above 0. cost_arg is the cost as
+--     the caller sent it, text, for a command that takes it as it is.
 --   refund(key, charged_now, cost, lim, extra, record, refund_now) undoes one charge
 --     logically, never giving back more than the charge still weighs: refill that
 --     happened since the charge already made up for part of it.
