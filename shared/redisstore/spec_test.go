@@ -30,14 +30,32 @@ func TestMeterSpec(t *testing.T) {
 		{"nope 0 1 1000000 1 0", `unknown algorithm "nope"`},
 		{"gcra 2 1 1000000 1 0", "malformed meter spec"},
 		{"", "malformed meter spec"},
-		{"gcra 0", "malformed limits"},
+		{"gcra 0", "malformed meter spec"},
+		{"gcra 10 1 1000000 1 0", "malformed meter spec"},
+		{"gcra 01 2 3 4 5", "malformed meter spec"},
 		{"gcra 0 1 1000000 1", "malformed limits"},
 		{"gcra 0 1 1000000 1 x", "malformed limits"},
 		{"gcra 0 1 1000000 1 0 ", "malformed limits"},
+		{"gcra 0 1 1000000 1.5 0", "malformed limits"},
+		{"gcra 0 -1 1000000 1 0", "malformed limits"},
+		{"gcra 0 inf 1000000 1 0", "malformed limits"},
 	} {
 		err := client.FCall(ctx, decide, []string{"spec:{bad}"}, "", 1, "0", 1, tt.spec, "").Err()
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("FCALL decide with spec %q: error %v, want one containing %q", tt.spec, err, tt.want)
+		}
+		// in a batch, the request fails alone: its neighbour is decided
+		good := algo.DecideArgs([]algo.Meter{{Limits: []algo.Limit{{Algorithm: algo.GCRA, Count: 5, Period: time.Second}}}}, 1, 0, false)
+		args := append([]any{int64(2), "", 1, "0", 1, tt.spec, ""}, good...)
+		v, err := client.FCall(ctx, lua.Function(algo.EntryMany), []string{"spec:{bad}", "spec:{good}"}, args...).Slice()
+		if err != nil || len(v) != 2 {
+			t.Fatalf("FCALL many with spec %q then a good one: %v, %v; want two replies", tt.spec, v, err)
+		}
+		if e, ok := v[0].(error); !ok || !strings.Contains(e.Error(), tt.want) {
+			t.Errorf("FCALL many with spec %q: first reply %v, want an error containing %q", tt.spec, v[0], tt.want)
+		}
+		if _, ok := v[1].([]any); !ok {
+			t.Errorf("FCALL many: the good request's reply is %v, want its decision", v[1])
 		}
 	}
 

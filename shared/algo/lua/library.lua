@@ -8,7 +8,8 @@
 -- decide: every meter of one request, all-or-nothing, in one round trip.
 --   KEYS[i]: the key of meter i (all in one cluster slot).
 --   ARGV: now_us ('' = the server's clock; a caller's clock adds one second to every
---     TTL, see prelude.lua), cost, undo (1: reply with what a refund needs), meter
+--     TTL, see prelude.lua), cost (a whole number in decimal: fixed_window's INCRBY
+--     takes it as sent), undo (1: reply with what a refund needs), meter
 --     count M, then per meter: its spec (see spec below) and its record ('' = none).
 --   Reply: {now_us, allowed (0|1), then per meter per limit: allowed, remaining,
 --     reset_after_us, retry_after_us, delay_us}; with undo, then per charged meter:
@@ -42,15 +43,17 @@
 --   Reply: the number of meters restored byte for byte.
 
 -- A meter's spec is one argument: its algorithm, shadow (0|1), then per limit count,
--- period_us, capacity and bucket_us, separated by single spaces, e.g.
+-- period_us, capacity and bucket_us (whole numbers), separated by single spaces, e.g.
 -- "gcra 0 100 1000000 100 0". The same meters come back call after call, so a spec is
--- parsed once per node and kept: a call then finds its meter's numbers with one
--- lookup instead of converting five or more arguments (strtod, the largest part of a
--- short call's own time: BenchmarkScriptCost in shared/redisstore, which make
--- bench-core runs). The table lives as long as the library; it holds at most
--- max_specs entries and starts over when full, so a stream of distinct limits (Envoy's
+-- parsed once and kept: a call then finds its meter's numbers with one lookup instead
+-- of receiving and converting (strtod) four arguments more per limit
+-- (BenchmarkScriptCost in shared/redisstore, which make bench-core runs). The table
+-- lives as long as the Functions library on the node; it holds at most max_specs
+-- entries and starts over when full, so a stream of distinct limits (Envoy's
 -- per-descriptor overrides) cannot grow it without bound. What it holds is derived
--- from the arguments alone, so a node answers the same with or without it.
+-- from the arguments alone, so a node answers the same with or without it. Under
+-- EVALSHA (a server without FUNCTION, miniredis) the source runs afresh on every call
+-- and so does the parse.
 local max_specs = 4096
 local specs, nspecs = {}, 0
 
@@ -61,7 +64,7 @@ local function spec(s)
   local sp = specs[s]
   if sp then return sp end
   sp = {}
-  local name, shadow, rest = string.match(s or '', '^([%w_]+) ([01])(.*)$')
+  local name, shadow, rest = string.match(s or '', '^([%w_]+) ([01])( .*)$')
   if not name then
     return nil, redis.error_reply('tollgate: malformed meter spec ' .. string.format('%q', tostring(s)) .. ': want an algorithm, 0 or 1, then four numbers per limit')
   end
@@ -71,12 +74,13 @@ local function spec(s)
   end
   local n, ok = 0, true
   for w in string.gmatch(rest, ' ([^ ]*)') do
+    local x = tonumber(w)
+    if not x or x < 0 or x >= 9007199254740992 or x ~= floor(x) then ok = false end
     n = n + 1
-    sp[n] = tonumber(w)
-    if not sp[n] then ok = false end
+    sp[n] = x
   end
-  if not ok or n == 0 or n % 4 ~= 0 then
-    return nil, redis.error_reply('tollgate: malformed limits in meter spec ' .. string.format('%q', s) .. ': want four numbers per limit')
+  if not ok or n % 4 ~= 0 then
+    return nil, redis.error_reply('tollgate: malformed limits in meter spec ' .. string.format('%q', s) .. ': want four whole numbers per limit')
   end
   sp.algo, sp.shadow, sp.nl = algo, shadow == '1', n / 4
   if nspecs >= max_specs then specs, nspecs = {}, 0 end
