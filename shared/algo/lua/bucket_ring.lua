@@ -2,7 +2,7 @@
 -- every window of the meter (a multiple of W) is the sum of its last period/W buckets.
 -- KEYS: the meter key K, a hash {l: the last bucket written (absolute number),
 -- <j mod size>: count of bucket j}. commit clears the buckets between the last write
--- and now (the buckets ahead of the last one), HINCRBYs the current bucket and renews
+-- and now (the buckets ahead of the last one), writes the current bucket's new count and renews
 -- the TTL, so a stale lap is never counted.
 -- Limits (see prelude.lua): one group per window: count, period_us, capacity (= count),
 -- W (the same in every group).
@@ -18,6 +18,19 @@ local function br_ring(lim)
   return w, size
 end
 
+-- br_field returns the field name of ring slot i (0 <= i < size), i as text. The
+-- names of the first 4096 slots (a ring has at most algo.MaxRingBuckets, 3600) are
+-- kept once made: a call names every bucket it reads or clears, and formatting each
+-- anew was a tenth of a hot ring's call (BenchmarkScriptCost, tollgate-bucket_ring).
+local br_names = {}
+local function br_field(i)
+  local f = br_names[i]
+  if f then return f end
+  f = string.format('%d', i)
+  if i < 4096 then br_names[i] = f end
+  return f
+end
+
 A.bucket_ring = algorithm({
   check = function(key, now, cost, lim, record, out, o)
     local w, size = br_ring(lim)
@@ -30,7 +43,7 @@ A.bucket_ring = algorithm({
     if set then
       local fields, idx = {}, {}
       for j = max(cur - size + 1, last - size + 1), last do
-        fields[#fields + 1] = string.format('%d', j % size)
+        fields[#fields + 1] = br_field(j % size)
         idx[#idx + 1] = j
       end
       if #fields > 0 then
@@ -81,20 +94,24 @@ A.bucket_ring = algorithm({
       end
       put(out, o + 5 * (i - 1), ok, remaining, reset, retry, 0)
     end
-    return allowed, set, last, cur
+    -- what the current bucket holds before the charge: nothing after a clear
+    local here = 0
+    if set and cur == last then here = bucket(cur) end
+    return allowed, set, last, cur, here
   end,
-  commit = function(key, now, cost, lim, record, set, last, cur)
+  commit = function(key, now, cost, lim, record, set, last, cur, here)
     if cost == 0 then return {} end
     local w, size = br_ring(lim)
     if not set or cur - last >= size then
       redis.call('DEL', key)
     elseif cur > last then
       local clear = {}
-      for j = last + 1, cur do clear[#clear + 1] = string.format('%d', j % size) end
+      for j = last + 1, cur do clear[#clear + 1] = br_field(j % size) end
       redis.call('HDEL', key, unpack(clear))
     end
-    redis.call('HINCRBY', key, string.format('%d', cur % size), cost)
-    redis.call('HSET', key, 'l', string.format('%d', cur))
+    -- the bucket and the last bucket written, in one command (the bucket's count was
+    -- read in this same call: BenchmarkScriptCost, tollgate-bucket_ring)
+    redis.call('HSET', key, br_field(cur % size), string.format('%d', here + cost), 'l', string.format('%d', cur))
     redis.call('PEXPIRE', key, ttl((cur + size) * w - now))
     return {string.format('%d', cur)}
   end,
@@ -103,7 +120,7 @@ A.bucket_ring = algorithm({
     local cur = tonumber(extra[1])
     local lv = redis.call('HGET', key, 'l')
     if lv and cur > tonumber(lv) - size then
-      redis.call('HINCRBY', key, string.format('%d', cur % size), -cost)
+      redis.call('HINCRBY', key, br_field(cur % size), -cost)
     end
   end,
 })
