@@ -14,15 +14,16 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 )
 
-// usedMemory returns INFO memory's used_memory, in bytes.
-func usedMemory(t *testing.T, c *redis.Client) int64 {
+// memoryInfo returns the field of INFO memory named name (used_memory,
+// used_memory_vm_functions, ...), in bytes.
+func memoryInfo(t *testing.T, c redis.Cmdable, name string) int64 {
 	t.Helper()
 	info, err := c.Info(context.Background(), "memory").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil {
 				t.Fatal(err)
@@ -30,7 +31,7 @@ func usedMemory(t *testing.T, c *redis.Client) int64 {
 			return n
 		}
 	}
-	t.Fatal("INFO memory has no used_memory")
+	t.Fatalf("INFO memory has no %s", name)
 	return 0
 }
 
@@ -87,7 +88,7 @@ func TestMemoryTable(t *testing.T) {
 				}
 				meters := []algo.Meter{tt.m}
 				args := algo.DecideArgs(meters, 1, 0, false)
-				before := usedMemory(t, client)
+				before := memoryInfo(t, client, "used_memory")
 				for from := 0; from < clients; from += chunk {
 					pipe := client.Pipeline()
 					cmds := make([]*redis.Cmd, 0, chunk)
@@ -105,7 +106,7 @@ func TestMemoryTable(t *testing.T) {
 						}
 					}
 				}
-				after := usedMemory(t, client)
+				after := memoryInfo(t, client, "used_memory")
 
 				keys := scanKeys(t, client, "*")
 				var usage int64
