@@ -46,8 +46,9 @@ type config struct {
 	// --grpc-listen; empty: not served). Not on Lambda.
 	GRPCListen string
 	// ERLConfig is a directory of envoyproxy/ratelimit configuration files, each
-	// served as its domain by the gRPC service and POST /json beside the policy's
-	// (TOLLGATE_ERL_CONFIG / --erl-config; see package erl).
+	// served as its domain by the gRPC service and POST /json beside the policy's,
+	// each read again as the policy is (TOLLGATE_ERL_CONFIG / --erl-config; see
+	// package erl and erlEngines).
 	ERLConfig string
 	// OneQuota names the one-limit headers of the gRPC service's and POST /json's
 	// answers, from envoyproxy/ratelimit's own LIMIT_RESPONSE_HEADERS_ENABLED and
@@ -290,6 +291,7 @@ type service struct {
 	eng     *engine.Engine
 	engines []*engine.Engine // eng and the engines of envoyproxy/ratelimit's domains
 	policy  *reload.Reloader
+	erl     []*reload.Reloader // one per envoyproxy/ratelimit file
 	rls     *rls.Server
 }
 
@@ -362,7 +364,7 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 	// circuit breakers take the policy's settings from the engine made last.
 	var domains map[string]rls.Domain
 	if c.ERLConfig != "" {
-		if domains, err = erlEngines(c.ERLConfig, decider, metrics.Hooks(), log); err != nil {
+		if domains, s.erl, err = erlEngines(ctx, c.ERLConfig, decider, metrics.Hooks(), s, log); err != nil {
 			s.Close()
 			return nil, err
 		}
@@ -396,44 +398,71 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 }
 
 // erlEngines loads every envoyproxy/ratelimit configuration file (*.yaml, *.yml) in
-// dir, translated (package erl) and validated, into an engine per domain on store.
-func erlEngines(dir string, store engine.Store, hooks engine.Hooks, log *slog.Logger) (map[string]rls.Domain, error) {
+// dir, translated (package erl) and validated, into an engine per domain on store,
+// and returns a reloader per file. A reload applies a changed file that is valid and
+// keeps its domain (its engine keeps the state of the limits it keeps, as with the
+// policy); an invalid one is refused and logged, and the file's running version
+// stays. A file added to or removed from dir, or a domain renamed, takes a restart.
+func erlEngines(ctx context.Context, dir string, store engine.Store, hooks engine.Hooks, s *service, log *slog.Logger) (map[string]rls.Domain, []*reload.Reloader, error) {
 	files, err := filepath.Glob(filepath.Join(dir, "*.y*ml"))
 	if err != nil || len(files) == 0 {
-		return nil, fmt.Errorf("--erl-config %s: no *.yaml or *.yml files", dir)
+		return nil, nil, fmt.Errorf("--erl-config %s: no *.yaml or *.yml files", dir)
 	}
 	out := map[string]rls.Domain{}
+	var reloaders []*reload.Reloader
 	for _, f := range files {
-		data, err := os.ReadFile(f)
+		var (
+			eng    *engine.Engine
+			domain string
+			tr     erl.Translation // the last file read, for Apply
+		)
+		rl, p, err := reload.Load(ctx, reload.Config{
+			Source: reload.File(f),
+			Parse: func(doc []byte) (*policy.Policy, error) {
+				if tr, err = erl.Translate(doc); err != nil {
+					return nil, err
+				}
+				return policy.Parse(tr.Policy)
+			},
+			Apply: func(p *policy.Policy) error {
+				if tr.Domain != domain {
+					return fmt.Errorf("domain %s became %s: renaming a domain takes a restart", domain, tr.Domain)
+				}
+				if err := eng.SetPolicy(p); err != nil {
+					return err
+				}
+				if domain != s.eng.Policy().Domain { // the service's own policy decides its domain
+					s.rls.SetDomain(domain, rls.Domain{Engine: eng, Replaces: tr.Replaces})
+				}
+				return nil
+			},
+			Logger: log,
+		})
 		if err != nil {
-			return nil, err
+			return nil, nil, fmt.Errorf("%s: %w", f, err)
 		}
-		tr, err := erl.Translate(data)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", f, err)
+		domain = tr.Domain
+		if _, dup := out[domain]; dup {
+			return nil, nil, fmt.Errorf("%s: domain %s is in another file too", f, domain)
 		}
-		if _, dup := out[tr.Domain]; dup {
-			return nil, fmt.Errorf("%s: domain %s is in another file too", f, tr.Domain)
+		if eng, err = engine.New(engine.Config{Policy: p, Store: store, Logger: log, Hooks: hooks}); err != nil {
+			return nil, nil, err
 		}
-		p, err := policy.Parse(tr.Policy)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", f, err)
-		}
-		eng, err := engine.New(engine.Config{Policy: p, Store: store, Logger: log, Hooks: hooks})
-		if err != nil {
-			return nil, err
-		}
-		out[tr.Domain] = rls.Domain{Engine: eng, Replaces: tr.Replaces}
-		log.Info("envoyproxy/ratelimit configuration loaded", "file", f, "domain", tr.Domain, "rules", len(p.Rules))
+		out[domain] = rls.Domain{Engine: eng, Replaces: tr.Replaces}
+		reloaders = append(reloaders, rl)
+		log.Info("envoyproxy/ratelimit configuration loaded", "file", f, "domain", domain, "rules", len(p.Rules))
 	}
-	return out, nil
+	return out, reloaders, nil
 }
 
-// refreshing reads the policy's source before a request when it was last read at
-// least every ago: on Lambda, where nothing runs between invocations to poll it.
-func refreshing(h http.Handler, rl *reload.Reloader, every time.Duration) http.Handler {
+// refreshing reads the policy's source (and the envoyproxy/ratelimit files) before a
+// request when it was last read at least every ago: on Lambda, where nothing runs
+// between invocations to poll it.
+func refreshing(h http.Handler, rls []*reload.Reloader, every time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rl.Refresh(r.Context(), every)
+		for _, rl := range rls {
+			rl.Refresh(r.Context(), every)
+		}
 		h.ServeHTTP(w, r)
 	})
 }
@@ -491,7 +520,7 @@ func run(ctx context.Context, getenv func(string) string, args []string, log *sl
 	p := s.eng.Policy()
 	log.Info("policy loaded", "domain", p.Domain, "rules", len(p.Rules), "failure_mode", string(p.Failure.Mode), "sha256", s.policy.SHA256())
 	if c.OnLambda {
-		lambdaurl.Start(refreshing(s.handler, s.policy, c.PolicyPoll))
+		lambdaurl.Start(refreshing(s.handler, append([]*reload.Reloader{s.policy}, s.erl...), c.PolicyPoll))
 		return nil
 	}
 	if err := c.Server.fitsPolicy(p.Failure.Timeout); err != nil {
@@ -505,6 +534,12 @@ func run(ctx context.Context, getenv func(string) string, args []string, log *sl
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	go s.policy.Watch(ctx, c.PolicyPoll, hup)
+	for _, rl := range s.erl {
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		go rl.Watch(ctx, c.PolicyPoll, hup)
+	}
 	go returnLeases(ctx, s.engines, leaseSweep)
 	defer func() {
 		// Give back what the leases hold, so other instances can use it at once.

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,7 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/policy"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
+	"github.com/tollgate-dev/tollgate/shared/reload"
 )
 
 const shippedPolicy = "../policy.yaml"
@@ -181,5 +183,98 @@ func TestERLConfigServed(t *testing.T) {
 	s2.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(`{"domain": "basic", "descriptors": [{"entries": [{"key": "key1", "value": "v"}]}]}`)))
 	if body := rec.Body.String(); rec.Code != http.StatusOK || !strings.Contains(body, `"RateLimit-Limit"`) || !strings.Contains(body, `"X-Reset"`) {
 		t.Errorf("POST /json with LIMIT_RESPONSE_HEADERS_ENABLED = %d %s, want RateLimit-Limit and X-Reset among the headers", rec.Code, body)
+	}
+}
+
+// TestERLConfigReload changes an envoyproxy/ratelimit file under a running service: a
+// valid change applies at the next reload, an invalid one (or a renamed domain) is
+// refused with its reason and the running version keeps deciding.
+func TestERLConfigReload(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "reloaded.yaml")
+	write := func(doc string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	limit := func(domain string, n int) string {
+		return fmt.Sprintf("domain: %s\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: %d}\n", domain, n)
+	}
+	write(limit("reloaded", 2))
+	c, err := loadConfig(env(map[string]string{"TOLLGATE_POLICY": "../policy.yaml", "TOLLGATE_ERL_CONFIG": dir}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newService(context.Background(), c, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if len(s.erl) != 1 {
+		t.Fatalf("newService made %d ERL reloaders, want 1", len(s.erl))
+	}
+	ask := func() string {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		body := `{"domain": "reloaded", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}`
+		s.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(body)))
+		if rec.Code != http.StatusOK && rec.Code != http.StatusTooManyRequests {
+			t.Fatalf("POST /json = %d %s", rec.Code, rec.Body)
+		}
+		return rec.Body.String()
+	}
+	for i := range 2 {
+		if got := ask(); !strings.Contains(got, `"OK"`) {
+			t.Fatalf("request %d under 2 a minute = %s, want OK", i+1, got)
+		}
+	}
+	if got := ask(); !strings.Contains(got, `"OVER_LIMIT"`) {
+		t.Fatalf("third request under 2 a minute = %s, want OVER_LIMIT", got)
+	}
+
+	write(limit("reloaded", 5))
+	if result, err := s.erl[0].Reload(context.Background()); result != reload.Applied {
+		t.Fatalf("Reload after raising the limit = %s, %v; want %s", result, err, reload.Applied)
+	}
+	for i := range 3 {
+		if got := ask(); !strings.Contains(got, `"OK"`) || !strings.Contains(got, `"requestsPerUnit":5`) {
+			t.Fatalf("request %d after the reload to 5 a minute = %s, want OK under 5", i+1, got)
+		}
+	}
+
+	for _, bad := range []struct{ doc, want string }{
+		{"domain: reloaded\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", "fortnight"},
+		{limit("renamed", 1), "renaming a domain takes a restart"},
+	} {
+		write(bad.doc)
+		result, err := s.erl[0].Reload(context.Background())
+		if result != reload.Invalid || err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("Reload of %q = %s, %v; want %s naming %q", bad.doc, result, err, reload.Invalid, bad.want)
+		}
+		if got := ask(); !strings.Contains(got, `"requestsPerUnit":5`) {
+			t.Errorf("after the refused reload of %q: %s, want the running limit of 5 a minute", bad.doc, got)
+		}
+	}
+
+	// A reload that adds a replacement applies it too (the domain's replaces).
+	write(`domain: reloaded
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 5, name: per-k}
+  - key: plan
+    value: gold
+    rate_limit: {unit: minute, requests_per_unit: 50, name: gold, replaces: [{name: per-k}]}
+`)
+	if result, err := s.erl[0].Reload(context.Background()); result != reload.Applied {
+		t.Fatalf("Reload adding a replacement = %s, %v; want %s", result, err, reload.Applied)
+	}
+	for i := range 6 {
+		rec := httptest.NewRecorder()
+		body := `{"domain": "reloaded", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}, {"entries": [{"key": "plan", "value": "gold"}]}]}`
+		s.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(body)))
+		if got := rec.Body.String(); rec.Code != http.StatusOK || !strings.Contains(got, `"overallCode":"OK"`) {
+			t.Fatalf("gold request %d after the reload = %d %s, want OK: gold's 50 a minute replaces per-k's 5", i+1, rec.Code, got)
+		}
 	}
 }

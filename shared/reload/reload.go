@@ -109,6 +109,9 @@ const (
 // Config configures a Reloader.
 type Config struct {
 	Source Source
+	// Parse reads a document into a policy (default policy.Parse); the decision
+	// service's envoyproxy/ratelimit files translate first (package erl).
+	Parse func(doc []byte) (*policy.Policy, error)
 	// Apply makes p the running policy (engine.SetPolicy).
 	Apply func(p *policy.Policy) error
 	// Logger receives a line per reload that is not Unchanged (default slog.Default()).
@@ -136,6 +139,9 @@ type Reloader struct {
 func Load(ctx context.Context, cfg Config) (*Reloader, *policy.Policy, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Parse == nil {
+		cfg.Parse = policy.Parse
 	}
 	r := &Reloader{cfg: cfg}
 	doc, p, err := r.read(ctx)
@@ -187,7 +193,7 @@ func (r *Reloader) reload(ctx context.Context) (string, error) {
 		// until it is fixed.
 		return Unchanged, nil
 	}
-	p, err := parse(r.cfg.Source.Name(), doc)
+	p, err := r.parse(doc)
 	if err == nil {
 		err = r.cfg.Apply(p)
 	}
@@ -240,15 +246,15 @@ func (r *Reloader) read(ctx context.Context) ([]byte, *policy.Policy, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("policy: reading %s: %w", r.cfg.Source.Name(), err)
 	}
-	p, err := parse(r.cfg.Source.Name(), doc)
+	p, err := r.parse(doc)
 	return doc, p, err
 }
 
 // parse parses doc, naming its source in a validation error.
-func parse(name string, doc []byte) (*policy.Policy, error) {
-	p, err := policy.Parse(doc)
+func (r *Reloader) parse(doc []byte) (*policy.Policy, error) {
+	p, err := r.cfg.Parse(doc)
 	if ve, ok := errors.AsType[*policy.ValidationError](err); ok {
-		ve.File = name
+		ve.File = r.cfg.Source.Name()
 	}
 	return p, err
 }

@@ -24,10 +24,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -53,9 +56,12 @@ const MaxDescriptors = bounds.MaxAttributes
 // Server is the RateLimitService on an engine.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	eng     *engine.Engine    // the one engine, or nil
-	domains map[string]Domain // by domain, when there are several
-	log     *slog.Logger
+	eng *engine.Engine // the one engine, or nil
+	// domains holds what decides each domain, when there are several; SetDomain
+	// replaces the map whole, so a request reads one version of it.
+	domains   atomic.Pointer[map[string]Domain]
+	domainsMu sync.Mutex // serializes SetDomain
+	log       *slog.Logger
 	// OneQuota names the headers that describe the deciding limit alone, which
 	// response_headers_to_add carries beside RateLimit, RateLimit-Policy and
 	// Retry-After. The zero value (the default) sends none of them, as
@@ -118,8 +124,24 @@ func New(eng *engine.Engine, log *slog.Logger) *Server {
 // envoyproxy/ratelimit configuration file, see package erl).
 func NewDomains(domains map[string]Domain, log *slog.Logger) *Server {
 	s := New(nil, log)
-	s.domains = domains
+	m := maps.Clone(domains)
+	s.domains.Store(&m)
 	return s
+}
+
+// SetDomain makes d decide domain name from the next request on (a reloaded
+// envoyproxy/ratelimit file). It is safe while the service serves.
+func (s *Server) SetDomain(name string, d Domain) {
+	s.domainsMu.Lock()
+	defer s.domainsMu.Unlock()
+	var m map[string]Domain
+	if cur := s.domains.Load(); cur != nil {
+		m = maps.Clone(*cur)
+	} else {
+		m = map[string]Domain{}
+	}
+	m[name] = d
+	s.domains.Store(&m)
 }
 
 // ServerOptions are the options of the gRPC server the service runs on: requests run
@@ -135,8 +157,10 @@ func (s *Server) domain(name string) (Domain, error) {
 	if s.eng != nil {
 		return Domain{Engine: s.eng}, nil
 	}
-	if d, ok := s.domains[name]; ok {
-		return d, nil
+	if m := s.domains.Load(); m != nil {
+		if d, ok := (*m)[name]; ok {
+			return d, nil
+		}
 	}
 	return Domain{}, fmt.Errorf("unknown domain %.64q", name)
 }
