@@ -419,9 +419,11 @@ func erlEngines(ctx context.Context, dir string, store engine.Store, hooks engin
 		rl, p, err := reload.Load(ctx, reload.Config{
 			Source: reload.File(f),
 			Parse: func(doc []byte) (*policy.Policy, error) {
-				if tr, err = erl.Translate(doc); err != nil {
+				t, err := erl.Translate(doc)
+				if err != nil {
 					return nil, err
 				}
+				tr = t
 				return policy.Parse(tr.Policy)
 			},
 			Apply: func(p *policy.Policy) error {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/tollgate-dev/tollgate/shared/engine"
@@ -275,6 +276,46 @@ descriptors:
 		s.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(body)))
 		if got := rec.Body.String(); rec.Code != http.StatusOK || !strings.Contains(got, `"overallCode":"OK"`) {
 			t.Fatalf("gold request %d after the reload = %d %s, want OK: gold's 50 a minute replaces per-k's 5", i+1, rec.Code, got)
+		}
+	}
+}
+
+// TestERLConfigReloadTogether reloads two envoyproxy/ratelimit files at the same time,
+// as their watchers do (each polls on its own): under -race, the reloads share nothing
+// but the service they apply to.
+func TestERLConfigReloadTogether(t *testing.T) {
+	dir := t.TempDir()
+	doc := func(domain string, n int) []byte {
+		return fmt.Appendf(nil, "domain: %s\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: %d}\n", domain, n)
+	}
+	for _, d := range []string{"one", "two"} {
+		if err := os.WriteFile(filepath.Join(dir, d+".yaml"), doc(d, 1), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := loadConfig(env(map[string]string{"TOLLGATE_POLICY": "../policy.yaml", "TOLLGATE_ERL_CONFIG": dir}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newService(context.Background(), c, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, d := range []string{"one", "two"} {
+		if err := os.WriteFile(filepath.Join(dir, d+".yaml"), doc(d, 7), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	results := make([]string, len(s.erl))
+	var wg sync.WaitGroup
+	for i, rl := range s.erl {
+		wg.Go(func() { results[i], _ = rl.Reload(context.Background()) })
+	}
+	wg.Wait()
+	for i, r := range results {
+		if r != reload.Applied {
+			t.Errorf("reload of file %d = %s, want %s", i, r, reload.Applied)
 		}
 	}
 }
