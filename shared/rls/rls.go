@@ -234,12 +234,8 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		resp.Statuses = append(resp.Statuses, st)
 	}
-	hs := v.HeadersNamed(s.OneQuota)
-	values := make([]commonv3.HeaderValue, len(hs))
-	resp.ResponseHeadersToAdd = make([]*commonv3.HeaderValue, len(hs))
-	for i, kv := range hs {
-		values[i].Key, values[i].Value = kv[0], kv[1]
-		resp.ResponseHeadersToAdd[i] = &values[i]
+	for _, kv := range v.HeadersNamed(s.OneQuota) {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &commonv3.HeaderValue{Key: kv[0], Value: kv[1]})
 	}
 	return resp, nil
 }

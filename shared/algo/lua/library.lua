@@ -63,7 +63,6 @@ local specs, nspecs = {}, 0
 local function spec(s)
   local sp = specs[s]
   if sp then return sp end
-  sp = {}
   local name, shadow, rest = string.match(s or '', '^([%w_]+) ([01])( .*)$')
   if not name then
     return nil, redis.error_reply('tollgate: malformed meter spec ' .. string.format('%q', tostring(s)) .. ': want an algorithm, 0 or 1, then four numbers per limit')
@@ -73,6 +72,7 @@ local function spec(s)
     return nil, redis.error_reply('tollgate: unknown algorithm ' .. string.format('%q', name) .. ' in meter spec')
   end
   local n, ok = 0, true
+  sp = {}
   for w in string.gmatch(rest, ' ([^ ]*)') do
     local x = tonumber(w)
     if not x or x < 0 or x >= 9007199254740992 or x ~= floor(x) then ok = false end
