@@ -199,32 +199,22 @@ func TestERLConfigReload(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	limit := func(domain string, n int) string {
-		return fmt.Sprintf("domain: %s\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: %d}\n", domain, n)
-	}
-	write(limit("reloaded", 2))
-	c, err := loadConfig(env(map[string]string{"TOLLGATE_POLICY": "../policy.yaml", "TOLLGATE_ERL_CONFIG": dir}), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := newService(context.Background(), c, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	write(erlDoc("reloaded", 2))
+	s := erlService(t, dir)
 	if len(s.erl) != 1 {
 		t.Fatalf("newService made %d ERL reloaders, want 1", len(s.erl))
 	}
-	ask := func() string {
+	const one = `{"domain": "reloaded", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}`
+	askWith := func(body string) string {
 		t.Helper()
 		rec := httptest.NewRecorder()
-		body := `{"domain": "reloaded", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}`
 		s.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(body)))
 		if rec.Code != http.StatusOK && rec.Code != http.StatusTooManyRequests {
 			t.Fatalf("POST /json = %d %s", rec.Code, rec.Body)
 		}
 		return rec.Body.String()
 	}
+	ask := func() string { t.Helper(); return askWith(one) }
 	for i := range 2 {
 		if got := ask(); !strings.Contains(got, `"OK"`) {
 			t.Fatalf("request %d under 2 a minute = %s, want OK", i+1, got)
@@ -234,7 +224,7 @@ func TestERLConfigReload(t *testing.T) {
 		t.Fatalf("third request under 2 a minute = %s, want OVER_LIMIT", got)
 	}
 
-	write(limit("reloaded", 5))
+	write(erlDoc("reloaded", 5))
 	if result, err := s.erl[0].Reload(context.Background()); result != reload.Applied {
 		t.Fatalf("Reload after raising the limit = %s, %v; want %s", result, err, reload.Applied)
 	}
@@ -246,7 +236,7 @@ func TestERLConfigReload(t *testing.T) {
 
 	for _, bad := range []struct{ doc, want string }{
 		{"domain: reloaded\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", "fortnight"},
-		{limit("renamed", 1), "renaming a domain takes a restart"},
+		{erlDoc("renamed", 1), "renaming a domain takes a restart"},
 	} {
 		write(bad.doc)
 		result, err := s.erl[0].Reload(context.Background())
@@ -270,12 +260,10 @@ descriptors:
 	if result, err := s.erl[0].Reload(context.Background()); result != reload.Applied {
 		t.Fatalf("Reload adding a replacement = %s, %v; want %s", result, err, reload.Applied)
 	}
+	const gold = `{"domain": "reloaded", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}, {"entries": [{"key": "plan", "value": "gold"}]}]}`
 	for i := range 6 {
-		rec := httptest.NewRecorder()
-		body := `{"domain": "reloaded", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}, {"entries": [{"key": "plan", "value": "gold"}]}]}`
-		s.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(body)))
-		if got := rec.Body.String(); rec.Code != http.StatusOK || !strings.Contains(got, `"overallCode":"OK"`) {
-			t.Fatalf("gold request %d after the reload = %d %s, want OK: gold's 50 a minute replaces per-k's 5", i+1, rec.Code, got)
+		if got := askWith(gold); !strings.Contains(got, `"overallCode":"OK"`) {
+			t.Fatalf("gold request %d after the reload = %s, want OK: gold's 50 a minute replaces per-k's 5", i+1, got)
 		}
 	}
 }
@@ -285,25 +273,14 @@ descriptors:
 // but the service they apply to.
 func TestERLConfigReloadTogether(t *testing.T) {
 	dir := t.TempDir()
-	doc := func(domain string, n int) []byte {
-		return fmt.Appendf(nil, "domain: %s\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: %d}\n", domain, n)
-	}
 	for _, d := range []string{"one", "two"} {
-		if err := os.WriteFile(filepath.Join(dir, d+".yaml"), doc(d, 1), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, d+".yaml"), []byte(erlDoc(d, 1)), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	c, err := loadConfig(env(map[string]string{"TOLLGATE_POLICY": "../policy.yaml", "TOLLGATE_ERL_CONFIG": dir}), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := newService(context.Background(), c, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := erlService(t, dir)
 	for _, d := range []string{"one", "two"} {
-		if err := os.WriteFile(filepath.Join(dir, d+".yaml"), doc(d, 7), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, d+".yaml"), []byte(erlDoc(d, 7)), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -318,4 +295,26 @@ func TestERLConfigReloadTogether(t *testing.T) {
 			t.Errorf("reload of file %d = %s, want %s", i, r, reload.Applied)
 		}
 	}
+}
+
+// erlDoc is an envoyproxy/ratelimit file of domain with one descriptor, k, limited to
+// n a minute.
+func erlDoc(domain string, n int) string {
+	return fmt.Sprintf("domain: %s\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: %d}\n", domain, n)
+}
+
+// erlService starts the decision service on the shipped policy and the
+// envoyproxy/ratelimit files in dir, with the embedded Redis.
+func erlService(t *testing.T, dir string) *service {
+	t.Helper()
+	c, err := loadConfig(env(map[string]string{"TOLLGATE_POLICY": "../policy.yaml", "TOLLGATE_ERL_CONFIG": dir}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newService(context.Background(), c, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
 }

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 )
@@ -20,8 +18,7 @@ import (
 // slack on a caller's), which later charges leave alone.
 func TestFixedWindowLoneCharge(t *testing.T) {
 	srv := redistest.StartServer(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { _ = client.Close() })
+	client := srv.Client(t)
 	store := loadedStore(t, client)
 	ctx := context.Background()
 	m := algo.Meter{Limits: []algo.Limit{{Algorithm: algo.FixedWindow, Count: 3, Period: time.Minute}}}

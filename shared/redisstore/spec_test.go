@@ -19,8 +19,7 @@ import (
 // limit by limit while the Lua memory of the functions stays bounded.
 func TestMeterSpec(t *testing.T) {
 	srv := redistest.StartServer(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { _ = client.Close() })
+	client := srv.Client(t)
 	lua := loadLua(t, client)
 	decide := lua.Function(algo.EntryDecide)
 	ctx := context.Background()
