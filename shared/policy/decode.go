@@ -21,9 +21,12 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/algo"
 )
 
-// The policy is decoded into a yaml.Node tree and walked by hand, rather than with
-// yaml.v3's KnownFields, so that every unknown field and every wrong type is reported,
-// not only the first, each with its path and line.
+// The policy is decoded into a yaml.Node tree and walked, rather than decoded into
+// typed structs, so that every problem names its path as well as its line: yaml.v3's
+// typed decoding collects unknown fields and type errors with a line but no path
+// (rules[2].limits[0] and rules[3].limits[0] may share a line in flow style), and
+// stops at the first bad merge key or alias cycle. Each mapping's fields are read
+// through fields, one line per field.
 
 var (
 	nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
@@ -158,7 +161,7 @@ func (d *decoder) parse(data []byte) *Policy {
 	if root == nil {
 		return nil
 	}
-	f := d.mapping(root, "", topFields, "a policy: a mapping with at least domain and rules")
+	f := d.fields(root, "", topFields, "a policy: a mapping with at least domain and rules")
 	if f == nil {
 		return nil
 	}
@@ -173,14 +176,13 @@ func (d *decoder) parse(data []byte) *Policy {
 		Identity:  Identity{IPv6Prefix: DefaultIPv6Prefix},
 		DenyCache: DenyCache{Enabled: true, MaxEntries: DefaultDenyCacheEntries},
 	}
-
-	if n, ok := d.required(f, root, "", "domain", "name the policy, e.g. domain: public-api"); ok {
+	if n := f.need("domain", "name the policy, e.g. domain: public-api"); n != nil {
 		if s, ok := d.str(n, "domain", "a domain name"); ok && !nameRE.MatchString(s) {
 			d.addf(n, "domain", "%s: %s", quote(s), nameRule)
 		}
 		p.Domain = n.Value
 	}
-	if n := d.optional(f, "prefix"); n != nil {
+	if n := f.get("prefix"); n != nil {
 		if s, ok := d.str(n, "prefix", "a key prefix"); ok {
 			p.Prefix = s
 			if msg := checkPrefix(s); msg != "" {
@@ -188,29 +190,16 @@ func (d *decoder) parse(data []byte) *Policy {
 			}
 		}
 	}
-	var shardNode *yaml.Node
-	if n := d.optional(f, "shard_by"); n != nil {
-		if s, ok := d.str(n, "shard_by", "an attribute name"); ok {
-			if attrRE.MatchString(s) {
-				p.ShardBy, shardNode = s, n
-			} else {
-				d.addf(n, "shard_by", "%s: %s", quote(s), attrRule)
-			}
-		}
-	}
-	if n := d.optional(f, "failure"); n != nil {
-		d.failure(n, "failure", &p.Failure)
-	}
-	if n := d.optional(f, "identity"); n != nil {
-		d.identity(n, "identity", &p.Identity)
-	}
-	if n := d.optional(f, "deny_cache"); n != nil {
-		d.denyCache(n, "deny_cache", &p.DenyCache)
-	}
-	if n := d.optional(f, "plans"); n != nil {
-		p.Plans = d.plans(n, "plans")
-	}
-	if n, ok := d.required(f, root, "", "rules", "list the rules, each with a name, a match and limits"); ok {
+	shardNode := f.attr("shard_by", &p.ShardBy)
+	d.failure(f.get("failure"), &p.Failure)
+	id := d.fields(f.get("identity"), "identity", identityFields, "a mapping with trusted_proxies or ipv6_prefix")
+	setInt(id, "trusted_proxies", &p.Identity.TrustedProxies, 0, MaxTrustedProxies)
+	setInt(id, "ipv6_prefix", &p.Identity.IPv6Prefix, 1, 128)
+	dc := d.fields(f.get("deny_cache"), "deny_cache", denyCacheFields, "a mapping with enabled or max_entries")
+	dc.setBool("enabled", &p.DenyCache.Enabled)
+	setInt(dc, "max_entries", &p.DenyCache.MaxEntries, 1, MaxDenyCache)
+	p.Plans = d.plans(f.get("plans"))
+	if n := f.need("rules", "list the rules, each with a name, a match and limits"); n != nil {
 		d.rules(n, "rules", p)
 	}
 
@@ -360,10 +349,20 @@ type field struct {
 	key, val *yaml.Node
 }
 
-// mapping checks that n is a mapping, reports its unknown and repeated fields, and
-// returns its known fields by name (merge keys applied). It returns nil after adding
-// a problem if n is not a mapping. want describes the expected value for that message.
-func (d *decoder) mapping(n *yaml.Node, path string, known []string, want string) map[string]field {
+// fields is a mapping's known fields by name (merge keys applied), at path. Its
+// methods take a nil *fields (a mapping that is absent, or had its problem reported)
+// as one without fields.
+type fields struct {
+	d    *decoder
+	n    *yaml.Node // the mapping
+	path string
+	m    map[string]field
+}
+
+// fields checks that n is a mapping, reports its unknown and repeated fields, and
+// returns its known fields. It returns nil if n is nil, and nil after adding a
+// problem if n is not a mapping; want describes the expected value for that message.
+func (d *decoder) fields(n *yaml.Node, path string, known []string, want string) *fields {
 	if n = d.node(n); n == nil {
 		return nil
 	}
@@ -371,9 +370,9 @@ func (d *decoder) mapping(n *yaml.Node, path string, known []string, want string
 		d.add(n, path, "want "+want+", got "+kindOf(n))
 		return nil
 	}
-	fields := make(map[string]field, len(n.Content)/2)
-	d.collect(n, path, known, fields, 0)
-	return fields
+	f := &fields{d: d, n: n, path: path, m: make(map[string]field, len(n.Content)/2)}
+	d.collect(n, path, known, f.m, 0)
+	return f
 }
 
 // collect adds the fields of mapping n to fields; merged mappings (<<) come after the
@@ -436,36 +435,95 @@ func (d *decoder) collect(n *yaml.Node, path string, known []string, fields map[
 	}
 }
 
-// optional returns the value of the named field, or nil if it is absent or null.
-func (d *decoder) optional(f map[string]field, name string) *yaml.Node {
-	fl, ok := f[name]
+// at returns the path of the named field.
+func (f *fields) at(name string) string {
+	if f == nil {
+		return ""
+	}
+	return join(f.path, name)
+}
+
+// get returns the value of the named field, or nil if it is absent or null.
+func (f *fields) get(name string) *yaml.Node {
+	if f == nil {
+		return nil
+	}
+	fl, ok := f.m[name]
 	if !ok {
 		return nil
 	}
-	v := d.node(fl.val)
+	v := f.d.node(fl.val)
 	if v == nil || isNull(v) {
 		return nil
 	}
 	return v
 }
 
-// required returns the value of the field name of mapping parent (at path), or adds
-// a problem saying how to fill it in if it is absent or null.
-func (d *decoder) required(f map[string]field, parent *yaml.Node, path, name, hint string) (*yaml.Node, bool) {
-	fl, ok := f[name]
+// need returns the value of the named field, or nil after adding a problem that
+// says how to fill it in if it is absent or null.
+func (f *fields) need(name, hint string) *yaml.Node {
+	if f == nil {
+		return nil
+	}
+	fl, ok := f.m[name]
 	if !ok {
-		d.add(parent, join(path, name), "missing; "+hint)
-		return nil, false
+		f.d.add(f.n, f.at(name), "missing; "+hint)
+		return nil
 	}
-	v := d.node(fl.val)
-	if v == nil {
-		return nil, false
+	v := f.d.node(fl.val)
+	if v != nil && isNull(v) {
+		f.d.add(fl.key, f.at(name), "missing; "+hint)
+		return nil
 	}
-	if isNull(v) {
-		d.add(fl.key, join(path, name), "missing; "+hint)
-		return nil, false
+	return v
+}
+
+// setInt sets *dst to the whole number in the named field of f, if it is there and
+// from lo to hi.
+func setInt[T int | int64](f *fields, name string, dst *T, lo, hi int64) {
+	if n := f.get(name); n != nil {
+		if v, ok := f.d.integer(n, f.at(name), lo, hi); ok {
+			*dst = T(v)
+		}
 	}
-	return v, true
+}
+
+// setBool sets *dst to the true or false in the named field, if it is there.
+func (f *fields) setBool(name string, dst *bool) {
+	if n := f.get(name); n != nil {
+		if v, ok := f.d.boolean(n, f.at(name)); ok {
+			*dst = v
+		}
+	}
+}
+
+// setDuration sets *dst to the duration in the named field, if it is there and
+// from lo to hi; example is a sensible value for the message.
+func (f *fields) setDuration(name string, dst *time.Duration, lo, hi time.Duration, example string) {
+	if n := f.get(name); n != nil {
+		if v, ok := f.d.duration(n, f.at(name), lo, hi, example); ok {
+			*dst = v
+		}
+	}
+}
+
+// attr sets *dst to the attribute name in the named field and returns its node, if
+// it is there and valid.
+func (f *fields) attr(name string, dst *string) *yaml.Node {
+	n := f.get(name)
+	if n == nil {
+		return nil
+	}
+	s, ok := f.d.str(n, f.at(name), "an attribute name")
+	if ok && !attrRE.MatchString(s) {
+		f.d.addf(n, f.at(name), "%s: %s", quote(s), attrRule)
+		ok = false
+	}
+	if !ok {
+		return nil
+	}
+	*dst = s
+	return n
 }
 
 func isNull(n *yaml.Node) bool {
@@ -560,112 +618,43 @@ func short(d time.Duration) string {
 	return d.String()
 }
 
-func (d *decoder) failure(n *yaml.Node, path string, out *Failure) {
-	f := d.mapping(n, path, failureFields, "a mapping with mode, timeout, expected_instances or breaker")
-	if f == nil {
-		return
-	}
-	if v := d.optional(f, "mode"); v != nil {
-		if s, ok := d.str(v, path+".mode", "open, closed or local"); ok {
+// failure decodes the failure mapping n into out.
+func (d *decoder) failure(n *yaml.Node, out *Failure) {
+	f := d.fields(n, "failure", failureFields, "a mapping with mode, timeout, expected_instances or breaker")
+	if v := f.get("mode"); v != nil {
+		if s, ok := d.str(v, f.at("mode"), "open, closed or local"); ok {
 			switch m := FailureMode(s); m {
 			case FailOpen, FailClosed, FailLocal:
 				out.Mode = m
 			default:
-				d.addf(v, path+".mode", "%s: unknown failure mode; use open, closed or local", quote(s))
+				d.addf(v, f.at("mode"), "%s: unknown failure mode; use open, closed or local", quote(s))
 			}
 		}
 	}
-	if v := d.optional(f, "timeout"); v != nil {
-		if t, ok := d.duration(v, path+".timeout", MinTimeout, MaxTimeout, "50ms"); ok {
-			out.Timeout = t
-		}
-	}
-	if v := d.optional(f, "expected_instances"); v != nil {
-		if i, ok := d.integer(v, path+".expected_instances", 1, MaxInstances); ok {
-			out.ExpectedInstances = int(i)
-		}
-	}
-	if v := d.optional(f, "breaker"); v != nil {
-		bp := path + ".breaker"
-		b := d.mapping(v, bp, breakerFields, "a mapping with failures or open_for")
-		if b == nil {
-			return
-		}
-		if v := d.optional(b, "failures"); v != nil {
-			if i, ok := d.integer(v, bp+".failures", 1, MaxBreakerFailure); ok {
-				out.Breaker.Failures = int(i)
-			}
-		}
-		if v := d.optional(b, "open_for"); v != nil {
-			if t, ok := d.duration(v, bp+".open_for", MinOpenFor, MaxOpenFor, "5s"); ok {
-				out.Breaker.OpenFor = t
-			}
-		}
-	}
+	f.setDuration("timeout", &out.Timeout, MinTimeout, MaxTimeout, "50ms")
+	setInt(f, "expected_instances", &out.ExpectedInstances, 1, MaxInstances)
+	b := d.fields(f.get("breaker"), f.at("breaker"), breakerFields, "a mapping with failures or open_for")
+	setInt(b, "failures", &out.Breaker.Failures, 1, MaxBreakerFailure)
+	b.setDuration("open_for", &out.Breaker.OpenFor, MinOpenFor, MaxOpenFor, "5s")
 }
 
-func (d *decoder) identity(n *yaml.Node, path string, out *Identity) {
-	f := d.mapping(n, path, identityFields, "a mapping with trusted_proxies or ipv6_prefix")
-	if f == nil {
-		return
-	}
-	if v := d.optional(f, "trusted_proxies"); v != nil {
-		if i, ok := d.integer(v, path+".trusted_proxies", 0, MaxTrustedProxies); ok {
-			out.TrustedProxies = int(i)
-		}
-	}
-	if v := d.optional(f, "ipv6_prefix"); v != nil {
-		if i, ok := d.integer(v, path+".ipv6_prefix", 1, 128); ok {
-			out.IPv6Prefix = int(i)
-		}
-	}
-}
-
-func (d *decoder) denyCache(n *yaml.Node, path string, out *DenyCache) {
-	f := d.mapping(n, path, denyCacheFields, "a mapping with enabled or max_entries")
-	if f == nil {
-		return
-	}
-	if v := d.optional(f, "enabled"); v != nil {
-		if b, ok := d.boolean(v, path+".enabled"); ok {
-			out.Enabled = b
-		}
-	}
-	if v := d.optional(f, "max_entries"); v != nil {
-		if i, ok := d.integer(v, path+".max_entries", 1, MaxDenyCache); ok {
-			out.MaxEntries = int(i)
-		}
-	}
-}
-
-// plans decodes the table of API keys to plans.
-func (d *decoder) plans(n *yaml.Node, path string) *Plans {
-	f := d.mapping(n, path, planFields, "a mapping with keys (API key or sha256:HEX: plan), and optionally attribute, from and default")
+// plans decodes the table of API keys to plans, or returns nil if n is nil.
+func (d *decoder) plans(n *yaml.Node) *Plans {
+	const path = "plans"
+	f := d.fields(n, path, planFields, "a mapping with keys (API key or sha256:HEX: plan), and optionally attribute, from and default")
 	if f == nil {
 		return nil
 	}
 	pl := &Plans{Attribute: DefaultPlanAttribute, From: APIKey, Keys: map[string]string{}}
-	for _, field := range []struct {
-		name string
-		dst  *string
-	}{{"attribute", &pl.Attribute}, {"from", &pl.From}} {
-		if v := d.optional(f, field.name); v != nil {
-			if s, ok := d.str(v, path+"."+field.name, "an attribute name"); ok {
-				if attrRE.MatchString(s) {
-					*field.dst = s
-				} else {
-					d.addf(v, path+"."+field.name, "%s: %s", quote(s), attrRule)
-				}
-			}
-		}
-	}
-	if v := d.optional(f, "default"); v != nil {
-		if s, ok := d.str(v, path+".default", "a plan name"); ok {
+	f.attr("attribute", &pl.Attribute)
+	f.attr("from", &pl.From)
+	if v := f.get("default"); v != nil {
+		if s, ok := d.str(v, f.at("default"), "a plan name"); ok {
 			pl.Default = s
 		}
 	}
-	v, ok := d.required(f, n, path, "keys", "map keys to plans, e.g. keys: {\"sha256:9f86d081…\": pro}")
-	if !ok {
+	v := f.need("keys", "map keys to plans, e.g. keys: {\"sha256:9f86d081…\": pro}")
+	if v == nil {
 		return pl
 	}
 	if v.Kind != yaml.MappingNode {
@@ -749,7 +738,7 @@ func (d *decoder) replacements(rules []*Rule, path string, nodes map[*Rule][]*ya
 				d.add(nodes[r][j], rp, "a rule cannot replace itself; name another rule")
 				ok = false
 			case !found:
-				d.addf(nodes[r][j], rp, "%s: no rule has this name%s", quote(name), suggest(name, slices.Collect(maps.Keys(byName))))
+				d.addf(nodes[r][j], rp, "%s: no rule has this name%s", quote(name), suggest(name, slices.Sorted(maps.Keys(byName))))
 				ok = false
 			default:
 				rules[k].replacedBy = append(rules[k].replacedBy, r)
@@ -787,36 +776,28 @@ func (d *decoder) replacements(rules []*Rule, path string, nodes map[*Rule][]*ya
 // rule decodes one rule. It returns nil only if n is not a mapping; a rule with
 // problems is still returned, so that later checks see its name and match.
 func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]*yaml.Node) (*Rule, *yaml.Node) {
-	if n = d.node(n); n == nil {
-		return nil, nil
-	}
-	f := d.mapping(n, path, ruleFields, "a rule: a mapping with name, match and limits")
+	f := d.fields(n, path, ruleFields, "a rule: a mapping with name, match and limits")
 	if f == nil {
 		return nil, nil
 	}
 	r := &Rule{Match: map[string]*Matcher{}}
-	var nameNode *yaml.Node
-	if v, ok := d.required(f, n, path, "name", "give the rule a name, e.g. name: per-key"); ok {
-		nameNode = v
-		if s, ok := d.str(v, path+".name", "a rule name"); ok {
+	nameNode := f.need("name", "give the rule a name, e.g. name: per-key")
+	if nameNode != nil {
+		if s, ok := d.str(nameNode, f.at("name"), "a rule name"); ok {
 			if nameRE.MatchString(s) {
 				r.Name = s
 			} else {
-				d.addf(v, path+".name", "%s: %s", quote(s), nameRule)
+				d.addf(nameNode, f.at("name"), "%s: %s", quote(s), nameRule)
 			}
 		}
 	}
-	if v := d.optional(f, "match"); v != nil {
-		d.match(v, path+".match", r)
+	if v := f.get("match"); v != nil {
+		d.match(v, f.at("match"), r)
 	}
-	if v := d.optional(f, "shadow"); v != nil {
-		if b, ok := d.boolean(v, path+".shadow"); ok {
-			r.Shadow = b
-		}
-	}
-	if v := d.optional(f, "replaces"); v != nil {
+	f.setBool("shadow", &r.Shadow)
+	if v := f.get("replaces"); v != nil {
 		if v.Kind != yaml.SequenceNode {
-			d.add(v, path+".replaces", "want a list of rule names, e.g. replaces: [per-key], got "+kindOf(v))
+			d.add(v, f.at("replaces"), "want a list of rule names, e.g. replaces: [per-key], got "+kindOf(v))
 		} else {
 			for j, e := range v.Content {
 				if e = d.node(e); e == nil {
@@ -829,41 +810,36 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 			}
 		}
 	}
-	unlimitedNode := d.optional(f, "unlimited")
-	if unlimitedNode != nil {
-		if b, ok := d.boolean(unlimitedNode, path+".unlimited"); ok {
-			r.Unlimited = b
-		}
-	}
+	f.setBool("unlimited", &r.Unlimited)
 	if r.Unlimited {
-		if v := d.optional(f, "limits"); v != nil {
-			d.add(v, path+".limits", "an unlimited rule has no limits; remove limits, or unlimited")
+		if v := f.get("limits"); v != nil {
+			d.add(v, f.at("limits"), "an unlimited rule has no limits; remove limits, or unlimited")
 		}
 		if r.Shadow {
-			d.add(unlimitedNode, path+".unlimited", "an unlimited rule limits nothing to shadow; remove shadow, or unlimited")
+			d.add(f.get("unlimited"), f.at("unlimited"), "an unlimited rule limits nothing to shadow; remove shadow, or unlimited")
 		}
 		r.compile(shardBy)
 		return r, nameNode
 	}
-	ok := true
+	v := f.need("limits", "list at least one limit, e.g. limits: [{algorithm: gcra, rate: 100/s}]")
+	ok := v != nil
 	var limitNodes []*yaml.Node
-	if v, present := d.required(f, n, path, "limits", "list at least one limit, e.g. limits: [{algorithm: gcra, rate: 100/s}]"); !present {
+	switch {
+	case v == nil:
+	case v.Kind != yaml.SequenceNode:
+		d.add(v, f.at("limits"), "want a list of limits, got "+kindOf(v))
 		ok = false
-	} else if v.Kind != yaml.SequenceNode {
-		d.add(v, path+".limits", "want a list of limits, got "+kindOf(v))
+	case len(v.Content) == 0:
+		d.add(v, f.at("limits"), "the rule has no limits; add at least one")
 		ok = false
-	} else if len(v.Content) == 0 {
-		d.add(v, path+".limits", "the rule has no limits; add at least one")
-		ok = false
-	} else {
+	default:
 		for j, ln := range v.Content {
-			lp := fmt.Sprintf("%s.limits[%d]", path, j)
-			l, rec, lok := d.limit(ln, lp)
+			l, rec, lf, lok := d.limit(ln, fmt.Sprintf("%s.limits[%d]", path, j))
 			ok = ok && lok
 			r.Limits = append(r.Limits, l)
 			r.Records = append(r.Records, rec)
-			r.addLease(j, d.lease(ln, lp, l, rec, r.Shadow)) // lease: see decoder.lease
-			r.Replicas = addPer(r.Replicas, j, d.replicas(ln, lp))
+			r.addLease(j, d.lease(lf, l, rec, r.Shadow)) // lease: see decoder.lease
+			r.Replicas = addPer(r.Replicas, j, d.replicas(lf))
 			limitNodes = append(limitNodes, d.node(ln))
 			if d.over {
 				return r, nameNode
@@ -877,7 +853,7 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 		r.compile(shardBy)
 		for i, m := range r.Meters {
 			if err := m.Validate(); err != nil {
-				d.addf(n, fmt.Sprintf("%s.meters[%d]", path, i), "%v", err)
+				d.addf(f.n, fmt.Sprintf("%s.meters[%d]", path, i), "%v", err)
 			}
 		}
 	}
@@ -933,15 +909,12 @@ func (d *decoder) match(n *yaml.Node, path string, r *Rule) {
 				m, err = listMatcher(values)
 			}
 		case v.Kind == yaml.MappingNode:
-			f := d.mapping(v, ap, eachFields, `{each: PATTERN}: a pattern that keeps a limit per distinct value, e.g. {each: "/api/*"}`)
-			if f == nil {
+			f := d.fields(v, ap, eachFields, `{each: PATTERN}: a pattern that keeps a limit per distinct value, e.g. {each: "/api/*"}`)
+			pv := f.need("each", `name the pattern, e.g. {each: "/api/*"}`)
+			if pv == nil {
 				continue
 			}
-			pv, ok := d.required(f, v, ap, "each", `name the pattern, e.g. {each: "/api/*"}`)
-			if !ok {
-				continue
-			}
-			if s, ok := d.str(pv, ap+".each", "a pattern"); ok {
+			if s, ok := d.str(pv, f.at("each"), "a pattern"); ok {
 				m, err = eachMatcher(s)
 			} else {
 				err = errSkip
@@ -962,35 +935,32 @@ func (d *decoder) match(n *yaml.Node, path string, r *Rule) {
 	}
 }
 
-// limit decodes one limit and the attribute it records. ok is false if it has a
-// problem.
-func (d *decoder) limit(n *yaml.Node, path string) (l algo.Limit, record string, ok bool) {
-	if n = d.node(n); n == nil {
-		return l, "", false
-	}
-	f := d.mapping(n, path, limitFields, "a limit: a mapping with algorithm and rate")
+// limit decodes one limit and the attribute it records, and returns its fields for
+// the lease and replicas. ok is false if it has a problem.
+func (d *decoder) limit(n *yaml.Node, path string) (l algo.Limit, record string, f *fields, ok bool) {
+	f = d.fields(n, path, limitFields, "a limit: a mapping with algorithm and rate")
 	if f == nil {
-		return l, "", false
+		return l, "", nil, false
 	}
 	before := d.total
 	algoMissing, rateBad := true, true
-	if v, present := d.required(f, n, path, "algorithm", "use one of "+algoList()); present {
-		if s, ok := d.str(v, path+".algorithm", "an algorithm name"); ok {
+	if v := f.need("algorithm", "use one of "+algoList()); v != nil {
+		if s, ok := d.str(v, f.at("algorithm"), "an algorithm name"); ok {
 			l.Algorithm = algo.Algorithm(s)
 			algoMissing = false
 		}
 	}
 	var zone *time.Location
-	calendarNode := d.optional(f, "calendar")
+	calendarNode := f.get("calendar")
 	if calendarNode != nil {
-		zone = d.calendar(calendarNode, path+".calendar")
+		zone = d.calendar(calendarNode, f.at("calendar"))
 	}
-	if v, present := d.required(f, n, path, "rate", `write COUNT/PERIOD, e.g. rate: 100/s`); present {
-		if s, ok := d.str(v, path+".rate", `a rate such as "100/s"`); ok {
+	if v := f.need("rate", `write COUNT/PERIOD, e.g. rate: 100/s`); v != nil {
+		if s, ok := d.str(v, f.at("rate"), `a rate such as "100/s"`); ok {
 			if calendarNode != nil {
 				c, unit, err := calendarRate(s)
 				if err != nil {
-					d.addf(v, path+".rate", "%s: %v", quote(s), err)
+					d.addf(v, f.at("rate"), "%s: %v", quote(s), err)
 				} else {
 					// The algorithm as written, so that Validate names any but fixed_window.
 					a := l.Algorithm
@@ -1004,81 +974,55 @@ func (d *decoder) limit(n *yaml.Node, path string) (l algo.Limit, record string,
 			}
 		}
 	}
-	if v := d.optional(f, "burst"); v != nil {
-		if b, ok := d.integer(v, path+".burst", 1, algo.MaxCount); ok {
-			l.Burst = b
+	setInt(f, "burst", &l.Burst, 1, algo.MaxCount)
+	f.setDuration("bucket", &l.Bucket, algo.MinPeriod, algo.MaxPeriod, "100ms")
+	if v := f.attr("record", &record); v != nil && l.Algorithm.Valid() && !l.Algorithm.CanRecord() {
+		d.addf(v, f.at("record"), "%s cannot keep recorded values; remove record or use sliding_log or fixed_window", l.Algorithm)
+		record = ""
+	}
+	if algoMissing {
+		return l, record, f, d.total == before
+	}
+	if rateBad {
+		// Let Validate judge the other fields without repeating the rate's problem.
+		l.Count, l.Period = 1, time.Second
+	}
+	for _, e := range flatten(l.Validate()) {
+		fe, isField := errors.AsType[*algo.FieldError](e)
+		switch {
+		case e == nil || isField && fe.Field == "rate" && rateBad:
+		case isField && f.m[fe.Field].val != nil:
+			d.fieldErrors(f.m[fe.Field].val, path, fe)
+		case isField:
+			d.fieldErrors(f.n, path, fe)
+		default:
+			d.add(f.n, path, e.Error())
 		}
 	}
-	if v := d.optional(f, "bucket"); v != nil {
-		if b, ok := d.duration(v, path+".bucket", algo.MinPeriod, algo.MaxPeriod, "100ms"); ok {
-			l.Bucket = b
-		}
+	if rateBad {
+		l.Count, l.Period = 0, 0
 	}
-	if v := d.optional(f, "record"); v != nil {
-		if s, ok := d.str(v, path+".record", "an attribute name"); ok {
-			switch {
-			case !attrRE.MatchString(s):
-				d.addf(v, path+".record", "%s: %s", quote(s), attrRule)
-			case l.Algorithm.Valid() && !l.Algorithm.CanRecord():
-				d.addf(v, path+".record", "%s cannot keep recorded values; remove record or use sliding_log or fixed_window", l.Algorithm)
-			default:
-				record = s
-			}
-		}
-	}
-	if !algoMissing {
-		if rateBad {
-			// Let Validate judge the other fields without repeating the rate's problem.
-			l.Count, l.Period = 1, time.Second
-		}
-		if err := l.Validate(); err != nil {
-			var fes []error
-			for _, e := range flatten(err) {
-				if fe, ok := errors.AsType[*algo.FieldError](e); ok && fe.Field == "rate" && rateBad {
-					continue
-				}
-				fes = append(fes, e)
-			}
-			node := func(field string) *yaml.Node {
-				if fl, ok := f[field]; ok {
-					return fl.val
-				}
-				return n
-			}
-			for _, e := range fes {
-				fe, ok := errors.AsType[*algo.FieldError](e)
-				if !ok {
-					d.add(n, path, e.Error())
-					continue
-				}
-				d.fieldErrors(node(fe.Field), path, fe)
-			}
-		}
-		if rateBad {
-			l.Count, l.Period = 0, 0
-		}
-	}
-	return l, record, d.total == before
+	return l, record, f, d.total == before
 }
 
 // calendar decodes a limit's calendar mapping and returns its time zone (UTC when it
 // names none).
 func (d *decoder) calendar(n *yaml.Node, path string) *time.Location {
-	f := d.mapping(n, path, calendarFields, "a mapping with timezone, e.g. calendar: {timezone: Europe/Berlin}")
+	f := d.fields(n, path, calendarFields, "a mapping with timezone, e.g. calendar: {timezone: Europe/Berlin}")
 	if f == nil {
 		return nil
 	}
-	v := d.optional(f, "timezone")
+	v := f.get("timezone")
 	if v == nil {
 		return time.UTC
 	}
-	name, ok := d.str(v, path+".timezone", "an IANA time zone name such as Europe/Berlin")
+	name, ok := d.str(v, f.at("timezone"), "an IANA time zone name such as Europe/Berlin")
 	if !ok {
 		return nil
 	}
 	loc, err := time.LoadLocation(name)
 	if err != nil || name == "" || name == "Local" {
-		d.addf(v, path+".timezone", "%s: not an IANA time zone; use a name such as Europe/Berlin, America/New_York or UTC", quote(name))
+		d.addf(v, f.at("timezone"), "%s: not an IANA time zone; use a name such as Europe/Berlin, America/New_York or UTC", quote(name))
 		return nil
 	}
 	return loc
@@ -1300,62 +1244,50 @@ func distance(a, b string) int {
 
 // lease: the decoding of a limit's lease field (see Lease).
 
-// lease decodes the lease field of the limit mapping n at path, for the limit l as
-// decoded (recording record, in a rule that is shadow or not), and returns it, or
-// the zero Lease when there is none. Its problems are Lease.Problems, each at the
-// field it names.
-func (d *decoder) lease(n *yaml.Node, path string, l algo.Limit, record string, shadow bool) Lease {
-	var quiet decoder // the limit's own problems are decoder.limit's to report
-	v := d.optional(quiet.mapping(n, path, limitFields, ""), "lease")
-	if v == nil {
-		return Lease{}
-	}
-	path += ".lease"
-	f := d.mapping(v, path, leaseFields, "a lease: a mapping with units and for, e.g. lease: {units: 50, for: 100ms}")
+// lease decodes the lease field of the limit whose fields are lf, for the limit l as
+// decoded (recording record, in a rule that is shadow or not), and returns it, or the
+// zero Lease when there is none. Its problems are Lease.Problems, each at the field
+// it names.
+func (d *decoder) lease(lf *fields, l algo.Limit, record string, shadow bool) Lease {
+	f := d.fields(lf.get("lease"), lf.at("lease"), leaseFields, "a lease: a mapping with units and for, e.g. lease: {units: 50, for: 100ms}")
 	if f == nil {
 		return Lease{}
 	}
 	var ls Lease
-	nodes := map[string]*yaml.Node{"": v}
+	nodes := map[string]*yaml.Node{"": f.n}
 	ok := map[string]bool{"": true}
-	if u, present := d.required(f, v, path, "units", "say how many units to reserve at a time, e.g. units: 50"); present {
+	if u := f.need("units", "say how many units to reserve at a time, e.g. units: 50"); u != nil {
 		nodes["units"] = u
-		ls.Units, ok["units"] = d.integer(u, path+".units", 1, algo.MaxCount)
+		ls.Units, ok["units"] = d.integer(u, f.at("units"), 1, algo.MaxCount)
 	}
-	if t, present := d.required(f, v, path, "for", "say how long a reservation may be spent from, e.g. for: 100ms"); present {
+	if t := f.need("for", "say how long a reservation may be spent from, e.g. for: 100ms"); t != nil {
 		nodes["for"] = t
-		ls.For, ok["for"] = d.duration(t, path+".for", MinLeaseFor, MaxLeaseFor, "100ms")
+		ls.For, ok["for"] = d.duration(t, f.at("for"), MinLeaseFor, MaxLeaseFor, "100ms")
 	}
 	for _, pr := range ls.Problems(l, record, shadow) {
 		if ok[pr[0]] { // a field that did not decode has had its problem
-			d.add(nodes[pr[0]], strings.TrimSuffix(path+"."+pr[0], "."), pr[1])
+			d.add(nodes[pr[0]], strings.TrimSuffix(f.path+"."+pr[0], "."), pr[1])
 		}
 	}
 	return ls
 }
 
-// replicas decodes the replicas field of the limit mapping n at path (see
+// replicas decodes the replicas field of the limit whose fields are lf (see
 // algo.Replicas), or returns the zero value when there is none.
-func (d *decoder) replicas(n *yaml.Node, path string) algo.Replicas {
-	var quiet decoder // the limit's own problems are decoder.limit's to report
-	v := d.optional(quiet.mapping(n, path, limitFields, ""), "replicas")
-	if v == nil {
-		return algo.Replicas{}
-	}
-	path += ".replicas"
-	f := d.mapping(v, path, replicasFields, "a mapping with count and timeout, e.g. replicas: {count: 1, timeout: 5ms}")
+func (d *decoder) replicas(lf *fields) algo.Replicas {
+	f := d.fields(lf.get("replicas"), lf.at("replicas"), replicasFields, "a mapping with count and timeout, e.g. replicas: {count: 1, timeout: 5ms}")
 	if f == nil {
 		return algo.Replicas{}
 	}
 	var rp algo.Replicas
-	if c, present := d.required(f, v, path, "count", "say how many replicas must acknowledge each charge, e.g. count: 1"); present {
-		n, _ := d.integer(c, path+".count", 1, MaxReplicas)
+	if c := f.need("count", "say how many replicas must acknowledge each charge, e.g. count: 1"); c != nil {
+		n, _ := d.integer(c, f.at("count"), 1, MaxReplicas)
 		rp.Count = int(n)
 	}
-	if t, present := d.required(f, v, path, "timeout", "say how long the master may wait for them, e.g. timeout: 5ms"); present {
-		rp.Timeout, _ = d.duration(t, path+".timeout", MinReplicasTimeout, MaxReplicasTimeout, "5ms")
+	if t := f.need("timeout", "say how long the master may wait for them, e.g. timeout: 5ms"); t != nil {
+		rp.Timeout, _ = d.duration(t, f.at("timeout"), MinReplicasTimeout, MaxReplicasTimeout, "5ms")
 		if rp.Timeout%time.Millisecond != 0 {
-			d.add(t, path+".timeout", "Redis waits in whole milliseconds; round it, e.g. timeout: 5ms")
+			d.add(t, f.at("timeout"), "Redis waits in whole milliseconds; round it, e.g. timeout: 5ms")
 		}
 	}
 	if rp.Count == 0 || rp.Timeout == 0 {

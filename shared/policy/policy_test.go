@@ -241,6 +241,8 @@ func TestValidation(t *testing.T) {
 			[]string{"rules[0].match.path.colour: unknown field; known fields: each", `rules[0].match.ua: "~(": not an RE2 regular expression: error parsing regexp: missing closing ): ` + "`(`"}},
 		{"replaces an unknown rule", "domain: d\nrules:\n- {name: per-key, limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: acme, replaces: [per-kye], limits: [{algorithm: gcra, rate: 9/s}]}\n",
 			[]string{`rules[1].replaces[0]: "per-kye": no rule has this name; did you mean "per-key"?`}},
+		{"a suggestion among equally close names does not depend on map order", "domain: d\nrules:\n- {name: r3, limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: r1, limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: b, replaces: [r0], limits: [{algorithm: gcra, rate: 9/s}]}\n",
+			[]string{`rules[2].replaces[0]: "r0": no rule has this name; did you mean "r1"?`}},
 		{"replaces itself", "domain: d\nrules:\n- {name: a, replaces: [a], limits: [{algorithm: gcra, rate: 1/s}]}\n",
 			[]string{"rules[0].replaces[0]: a rule cannot replace itself; name another rule"}},
 		{"replaces in a cycle", "domain: d\nrules:\n- {name: a, replaces: [b], limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: b, replaces: [c], limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: c, replaces: [a], limits: [{algorithm: gcra, rate: 1/s}]}\n",
