@@ -25,8 +25,9 @@ import (
 // typed structs, so that every problem names its path as well as its line: yaml.v3's
 // typed decoding collects unknown fields and type errors with a line but no path
 // (rules[2].limits[0] and rules[3].limits[0] may share a line in flow style), and
-// stops at the first bad merge key or alias cycle. Each mapping's fields are read
-// through fields, one line per field.
+// stops at the first bad merge key or alias cycle. The mappings of known fields are
+// read through fields; match and plans.keys, whose keys are the user's, are walked
+// directly.
 
 var (
 	nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
@@ -192,10 +193,10 @@ func (d *decoder) parse(data []byte) *Policy {
 	}
 	shardNode := f.attr("shard_by", &p.ShardBy)
 	d.failure(f.get("failure"), &p.Failure)
-	id := d.fields(f.get("identity"), "identity", identityFields, "a mapping with trusted_proxies or ipv6_prefix")
+	id := f.sub("identity", identityFields, "a mapping with trusted_proxies or ipv6_prefix")
 	setInt(id, "trusted_proxies", &p.Identity.TrustedProxies, 0, MaxTrustedProxies)
 	setInt(id, "ipv6_prefix", &p.Identity.IPv6Prefix, 1, 128)
-	dc := d.fields(f.get("deny_cache"), "deny_cache", denyCacheFields, "a mapping with enabled or max_entries")
+	dc := f.sub("deny_cache", denyCacheFields, "a mapping with enabled or max_entries")
 	dc.setBool("enabled", &p.DenyCache.Enabled)
 	setInt(dc, "max_entries", &p.DenyCache.MaxEntries, 1, MaxDenyCache)
 	p.Plans = d.plans(f.get("plans"))
@@ -349,9 +350,9 @@ type field struct {
 	key, val *yaml.Node
 }
 
-// fields is a mapping's known fields by name (merge keys applied), at path. Its
-// methods take a nil *fields (a mapping that is absent, or had its problem reported)
-// as one without fields.
+// fields is a mapping's known fields by name (merge keys applied), at path. A nil
+// *fields stands for a mapping that is absent or had its problem reported: its
+// methods return nil and report nothing.
 type fields struct {
 	d    *decoder
 	n    *yaml.Node // the mapping
@@ -360,8 +361,9 @@ type fields struct {
 }
 
 // fields checks that n is a mapping, reports its unknown and repeated fields, and
-// returns its known fields. It returns nil if n is nil, and nil after adding a
-// problem if n is not a mapping; want describes the expected value for that message.
+// returns its known fields. It returns nil if n is nil or the walk has stopped, and
+// nil after adding a problem if n is not a mapping; want describes the expected
+// value for that message.
 func (d *decoder) fields(n *yaml.Node, path string, known []string, want string) *fields {
 	if n = d.node(n); n == nil {
 		return nil
@@ -375,9 +377,9 @@ func (d *decoder) fields(n *yaml.Node, path string, known []string, want string)
 	return f
 }
 
-// collect adds the fields of mapping n to fields; merged mappings (<<) come after the
+// collect adds the fields of mapping n to into; merged mappings (<<) come after the
 // explicit fields and do not override them.
-func (d *decoder) collect(n *yaml.Node, path string, known []string, fields map[string]field, depth int) {
+func (d *decoder) collect(n *yaml.Node, path string, known []string, into map[string]field, depth int) {
 	var merges []*yaml.Node
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := d.node(n.Content[i]), n.Content[i+1]
@@ -393,7 +395,7 @@ func (d *decoder) collect(n *yaml.Node, path string, known []string, fields map[
 			continue
 		}
 		fp := join(path, k.Value)
-		if prev, ok := fields[k.Value]; ok {
+		if prev, ok := into[k.Value]; ok {
 			if depth == 0 {
 				d.addf(k, fp, "appears twice (first on line %d); remove one", prev.key.Line)
 			}
@@ -407,7 +409,7 @@ func (d *decoder) collect(n *yaml.Node, path string, known []string, fields map[
 			}
 			continue
 		}
-		fields[k.Value] = field{k, v}
+		into[k.Value] = field{k, v}
 	}
 	for _, m := range merges {
 		if depth >= maxMergeDepth {
@@ -430,7 +432,7 @@ func (d *decoder) collect(n *yaml.Node, path string, known []string, fields map[
 				d.add(mm, path+".<<", "want a mapping (or a list of mappings) to merge, got "+kindOf(mm))
 				continue
 			}
-			d.collect(mm, path, known, fields, depth+1)
+			d.collect(mm, path, known, into, depth+1)
 		}
 	}
 }
@@ -443,39 +445,47 @@ func (f *fields) at(name string) string {
 	return join(f.path, name)
 }
 
+// lookup returns the named field and its value with aliases resolved (nil once the
+// walk has stopped); ok is false if the field is absent.
+func (f *fields) lookup(name string) (fl field, v *yaml.Node, ok bool) {
+	if f == nil {
+		return fl, nil, false
+	}
+	if fl, ok = f.m[name]; ok {
+		v = f.d.node(fl.val)
+	}
+	return fl, v, ok
+}
+
 // get returns the value of the named field, or nil if it is absent or null.
 func (f *fields) get(name string) *yaml.Node {
-	if f == nil {
-		return nil
+	if _, v, _ := f.lookup(name); v != nil && !isNull(v) {
+		return v
 	}
-	fl, ok := f.m[name]
-	if !ok {
-		return nil
-	}
-	v := f.d.node(fl.val)
-	if v == nil || isNull(v) {
-		return nil
-	}
-	return v
+	return nil
 }
 
 // need returns the value of the named field, or nil after adding a problem that
 // says how to fill it in if it is absent or null.
 func (f *fields) need(name, hint string) *yaml.Node {
+	fl, v, ok := f.lookup(name)
+	switch {
+	case f != nil && !ok:
+		f.d.add(f.n, f.at(name), "missing; "+hint)
+	case v != nil && isNull(v):
+		f.d.add(fl.key, f.at(name), "missing; "+hint)
+	default:
+		return v
+	}
+	return nil
+}
+
+// sub returns the fields of the mapping in the named field, as decoder.fields does.
+func (f *fields) sub(name string, known []string, want string) *fields {
 	if f == nil {
 		return nil
 	}
-	fl, ok := f.m[name]
-	if !ok {
-		f.d.add(f.n, f.at(name), "missing; "+hint)
-		return nil
-	}
-	v := f.d.node(fl.val)
-	if v != nil && isNull(v) {
-		f.d.add(fl.key, f.at(name), "missing; "+hint)
-		return nil
-	}
-	return v
+	return f.d.fields(f.get(name), f.at(name), known, want)
 }
 
 // setInt sets *dst to the whole number in the named field of f, if it is there and
@@ -633,7 +643,7 @@ func (d *decoder) failure(n *yaml.Node, out *Failure) {
 	}
 	f.setDuration("timeout", &out.Timeout, MinTimeout, MaxTimeout, "50ms")
 	setInt(f, "expected_instances", &out.ExpectedInstances, 1, MaxInstances)
-	b := d.fields(f.get("breaker"), f.at("breaker"), breakerFields, "a mapping with failures or open_for")
+	b := f.sub("breaker", breakerFields, "a mapping with failures or open_for")
 	setInt(b, "failures", &out.Breaker.Failures, 1, MaxBreakerFailure)
 	b.setDuration("open_for", &out.Breaker.OpenFor, MinOpenFor, MaxOpenFor, "5s")
 }
@@ -658,7 +668,7 @@ func (d *decoder) plans(n *yaml.Node) *Plans {
 		return pl
 	}
 	if v.Kind != yaml.MappingNode {
-		d.add(v, path+".keys", "want a mapping of API keys (or sha256:HEX of them) to plans, got "+kindOf(v))
+		d.add(v, f.at("keys"), "want a mapping of API keys (or sha256:HEX of them) to plans, got "+kindOf(v))
 		return pl
 	}
 	for i := 0; i+1 < len(v.Content); i += 2 {
@@ -666,7 +676,7 @@ func (d *decoder) plans(n *yaml.Node) *Plans {
 		if k == nil || pv == nil {
 			return pl
 		}
-		kp := join(path+".keys", k.Value)
+		kp := join(f.at("keys"), k.Value)
 		key, kok := d.str(k, kp, "an API key or sha256:HEX")
 		plan, pok := d.str(pv, kp, "a plan name")
 		if !kok || !pok {
@@ -816,7 +826,8 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 			d.add(v, f.at("limits"), "an unlimited rule has no limits; remove limits, or unlimited")
 		}
 		if r.Shadow {
-			d.add(f.get("unlimited"), f.at("unlimited"), "an unlimited rule limits nothing to shadow; remove shadow, or unlimited")
+			_, u, _ := f.lookup("unlimited")
+			d.add(u, f.at("unlimited"), "an unlimited rule limits nothing to shadow; remove shadow, or unlimited")
 		}
 		r.compile(shardBy)
 		return r, nameNode
@@ -989,15 +1000,14 @@ func (d *decoder) limit(n *yaml.Node, path string) (l algo.Limit, record string,
 	}
 	for _, e := range flatten(l.Validate()) {
 		fe, isField := errors.AsType[*algo.FieldError](e)
-		switch {
-		case e == nil || isField && fe.Field == "rate" && rateBad:
-		case isField && f.m[fe.Field].val != nil:
-			d.fieldErrors(f.m[fe.Field].val, path, fe)
-		case isField:
-			d.fieldErrors(f.n, path, fe)
-		default:
-			d.add(f.n, path, e.Error())
+		if e == nil || isField && fe.Field == "rate" && rateBad {
+			continue
 		}
+		n := f.n // the field's value if it is written, else the limit
+		if isField && f.m[fe.Field].val != nil {
+			n = f.m[fe.Field].val
+		}
+		d.fieldErrors(n, path, e)
 	}
 	if rateBad {
 		l.Count, l.Period = 0, 0
@@ -1249,7 +1259,7 @@ func distance(a, b string) int {
 // zero Lease when there is none. Its problems are Lease.Problems, each at the field
 // it names.
 func (d *decoder) lease(lf *fields, l algo.Limit, record string, shadow bool) Lease {
-	f := d.fields(lf.get("lease"), lf.at("lease"), leaseFields, "a lease: a mapping with units and for, e.g. lease: {units: 50, for: 100ms}")
+	f := lf.sub("lease", leaseFields, "a lease: a mapping with units and for, e.g. lease: {units: 50, for: 100ms}")
 	if f == nil {
 		return Lease{}
 	}
@@ -1275,7 +1285,7 @@ func (d *decoder) lease(lf *fields, l algo.Limit, record string, shadow bool) Le
 // replicas decodes the replicas field of the limit whose fields are lf (see
 // algo.Replicas), or returns the zero value when there is none.
 func (d *decoder) replicas(lf *fields) algo.Replicas {
-	f := d.fields(lf.get("replicas"), lf.at("replicas"), replicasFields, "a mapping with count and timeout, e.g. replicas: {count: 1, timeout: 5ms}")
+	f := lf.sub("replicas", replicasFields, "a mapping with count and timeout, e.g. replicas: {count: 1, timeout: 5ms}")
 	if f == nil {
 		return algo.Replicas{}
 	}
