@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -271,28 +270,6 @@ func TestLatencyAboveTimeout(t *testing.T) {
 	}
 }
 
-// evalCalls returns the number of EVALSHA and EVAL commands Redis has run.
-func evalCalls(t *testing.T, srv *redistest.Server) int64 {
-	t.Helper()
-	info, err := srv.Client(t).Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, line := range strings.Split(info, "\n") {
-		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
-			continue
-		}
-		for _, kv := range strings.Split(strings.TrimSpace(line[strings.Index(line, ":")+1:]), ",") {
-			if v, ok := strings.CutPrefix(kv, "calls="); ok {
-				c, _ := strconv.ParseInt(v, 10, 64)
-				n += c
-			}
-		}
-	}
-	return n
-}
-
 func TestDenyCacheSparesRedis(t *testing.T) {
 	srv := redistest.StartServer(t)
 	store, err := redisstore.Open(redisstore.Config{URL: srv.URL()})
@@ -315,7 +292,7 @@ func TestDenyCacheSparesRedis(t *testing.T) {
 			break
 		}
 	}
-	before := evalCalls(t, srv)
+	before := srv.ScriptCalls(t)
 	for i := range 10000 {
 		v, err := eng.Check(ctx, req)
 		if err != nil {
@@ -328,7 +305,7 @@ func TestDenyCacheSparesRedis(t *testing.T) {
 			t.Fatalf("request %d: cached denial has RetryAfter %v, want > 0", i, v.Decision.RetryAfter)
 		}
 	}
-	if got := evalCalls(t, srv) - before; got > 1 {
+	if got := srv.ScriptCalls(t) - before; got > 1 {
 		t.Errorf("Redis script calls for 10,000 blocked requests = %d, want at most 1", got)
 	}
 }
