@@ -27,8 +27,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/tollgate-dev/tollgate/scripts/internal/redisinfo"
 	"github.com/tollgate-dev/tollgate/scripts/internal/redisproc"
+	"github.com/tollgate-dev/tollgate/shared/redisinfo"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 )
 

@@ -12,7 +12,7 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tollgate-dev/tollgate/scripts/internal/redisinfo"
+	"github.com/tollgate-dev/tollgate/shared/redisinfo"
 )
 
 // A cell is one subject on one key set at one concurrency.

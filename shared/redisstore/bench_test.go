@@ -3,8 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/redisinfo"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 )
@@ -148,10 +147,7 @@ func BenchmarkScriptCost(b *testing.B) {
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
 			keys := benchKeys(tc.name)
-			if err := c.ConfigResetStat(ctx).Err(); err != nil {
-				b.Fatal(err)
-			}
-			cpu0 := redisCPU(b, c)
+			before := readInfo(b, c)
 			i := 0
 			for b.Loop() {
 				pipe := c.Pipeline()
@@ -168,47 +164,27 @@ func BenchmarkScriptCost(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			info, err := c.Info(ctx, "commandstats").Result()
-			if err != nil {
-				b.Fatal(err)
-			}
-			for _, line := range strings.Split(info, "\n") {
-				name, rest, _ := strings.Cut(strings.TrimSpace(line), ":")
-				if name != "cmdstat_evalsha" && name != "cmdstat_fcall" {
-					continue
-				}
-				for _, kv := range strings.Split(rest, ",") {
-					if v, ok := strings.CutPrefix(kv, "usec_per_call="); ok {
-						f, _ := strconv.ParseFloat(v, 64)
-						b.ReportMetric(f, "redis-µs/call")
-					}
-				}
-			}
+			after := readInfo(b, c)
+			script := func(name string) bool { return name == "evalsha" || name == "fcall" }
+			d0, d1 := before.Sum(script), after.Sum(script)
+			b.ReportMetric((d1.Usec-d0.Usec)/(d1.Calls-d0.Calls), "redis-µs/call")
 			// CPU time is steadier than commandstats' wall time on a busy machine: a
 			// call that the scheduler preempts does not count the wait.
-			b.ReportMetric((redisCPU(b, c)-cpu0)*1e6/float64(b.N*100), "redis-cpu-µs/call")
+			b.ReportMetric((after.CPU-before.CPU)*1e6/float64(b.N*100), "redis-cpu-µs/call")
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100)/1e3, "µs/call")
 			b.ReportMetric(0, "ns/op")
 		})
 	}
 }
 
-// redisCPU returns the Redis process's CPU time, user and system, in seconds.
-func redisCPU(b *testing.B, c redis.UniversalClient) float64 {
+// readInfo reads Redis's INFO commandstats and cpu, failing b on an error.
+func readInfo(b *testing.B, c redis.UniversalClient) redisinfo.Stats {
 	b.Helper()
-	info, err := c.Info(context.Background(), "cpu").Result()
+	st, err := redisinfo.Read(context.Background(), c)
 	if err != nil {
 		b.Fatal(err)
 	}
-	var s float64
-	for _, line := range strings.Split(info, "\n") {
-		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
-		if k == "used_cpu_user" || k == "used_cpu_sys" {
-			f, _ := strconv.ParseFloat(v, 64)
-			s += f
-		}
-	}
-	return s
+	return st
 }
 
 // redisRateScript is go-redis/redis_rate v10's allowN script (lua.go), for the cost
@@ -288,7 +264,7 @@ func BenchmarkManyScriptCost(b *testing.B) {
 			m := []algo.Meter{{Limits: []algo.Limit{benchLimit(a)}}}
 			keys := benchKeys("many-" + string(a))
 			checks := make([]algo.Check, batch)
-			cpu0 := redisCPU(b, c)
+			before := readInfo(b, c)
 			i := 0
 			for b.Loop() {
 				for j := range checks {
@@ -300,7 +276,7 @@ func BenchmarkManyScriptCost(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric((redisCPU(b, c)-cpu0)*1e6/float64(b.N*batch), "redis-cpu-µs/req")
+			b.ReportMetric((readInfo(b, c).CPU-before.CPU)*1e6/float64(b.N*batch), "redis-cpu-µs/req")
 			b.ReportMetric(0, "ns/op")
 		})
 	}

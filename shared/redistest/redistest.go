@@ -24,6 +24,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +33,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-dev/tollgate/shared/redisinfo"
 )
 
 const (
@@ -513,25 +516,15 @@ func (s *Server) ScriptCalls(t testing.TB) int64 {
 // INFO commandstats names them) since it started.
 func (s *Server) CommandCalls(t testing.TB, names ...string) int64 {
 	t.Helper()
-	info, ok := s.Do(t, "INFO", "commandstats").(string)
-	if !ok {
-		t.Fatalf("redistest: INFO commandstats on %s: not a string", s.Addr)
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, Password: s.password})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	st, err := redisinfo.Read(ctx, c)
+	if err != nil {
+		t.Fatalf("redistest: on %s: %v", s.Addr, err)
 	}
-	var n int64
-	for _, name := range names {
-		cmd := "cmdstat_" + name
-		stats, found := infoField(info, cmd) // calls=N,usec=…
-		if !found {
-			continue
-		}
-		calls, _, _ := strings.Cut(strings.TrimPrefix(stats, "calls="), ",")
-		v, err := strconv.ParseInt(calls, 10, 64)
-		if err != nil {
-			t.Fatalf("redistest: INFO commandstats %s=%s: %v", cmd, stats, err)
-		}
-		n += v
-	}
-	return n
+	return int64(st.Sum(func(name string) bool { return slices.Contains(names, name) }).Calls)
 }
 
 // Kill sends SIGKILL to the process and waits until it is gone. It does

@@ -1,4 +1,4 @@
-// Package redisinfo reads what the benchmarks measure Redis by: INFO commandstats
+// Package redisinfo reads what the benchmarks and tests measure Redis by: INFO commandstats
 // (calls and time per command) and INFO cpu (the process's CPU time).
 package redisinfo
 

@@ -6,7 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tollgate-dev/tollgate/scripts/internal/redisinfo"
+	"github.com/tollgate-dev/tollgate/shared/redisinfo"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 )
 
