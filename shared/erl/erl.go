@@ -20,6 +20,10 @@
 //     request that reaches the specific node gets its limits, or none, never the
 //     generic one's.
 //
+// ERL takes any domain and key; tollgate's names are narrower (lower case, a few
+// punctuation marks), so a domain or key they do not take is named in the policy by
+// DomainName or AttrName, and package rls passes a descriptor entry under AttrName.
+//
 // Limits are fixed windows aligned to the epoch, as ERL's: unit second, minute, hour
 // and day as they are, week 7 days, month 30 days, year 365 days. Two fields of
 // tollgate's own extend a rate_limit: unit_multiplier (a window of several units) and
@@ -42,6 +46,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/policy"
 )
 
 // KeysAttribute is the attribute that carries a descriptor's keys, in order, joined
@@ -286,7 +291,41 @@ func exact(v string) string {
 	return v
 }
 
-var nameRE = regexp.MustCompile(`[^a-z0-9_.-]+`)
+var unnamed = regexp.MustCompile(`[^a-z0-9_.-]+`)
+
+// sanitize writes s in lower case with each run of characters that tollgate's names
+// do not take as "-", trimmed of "-", "." and "_".
+func sanitize(s string) string {
+	return strings.Trim(unnamed.ReplaceAllString(strings.ToLower(s), "-"), "-._")
+}
+
+// AttrName is the attribute under which a translated policy matches a descriptor
+// entry's key, and under which package rls passes the entry's value: the key itself
+// when tollgate's attribute names take it (a-z, 0-9, '_', '.', '-'), else a name
+// made of it (see fitName), so that ERL's keys in upper case or with other
+// characters ("USER_ID", "path:prefix") keep working.
+func AttrName(key string) string { return fitName(key, policy.ValidAttribute, 64) }
+
+// DomainName is the domain of the policy a configuration file of domain becomes: the
+// domain itself when tollgate's names take it, else a name made of it (fitName).
+// Package rls finds a file's engine by the domain as Envoy sends it.
+func DomainName(domain string) string { return fitName(domain, policy.ValidName, 63) }
+
+// fitName returns s when valid accepts it, else s sanitized, cut to leave room for a
+// hash, then "-" and 8 hex digits of s's SHA-256, so that two keys that differ only in
+// case or in the characters sanitize replaces ("User", "user", "us:er") keep apart.
+func fitName(s string, valid func(string) bool, maxLen int) string {
+	if valid(s) {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	n := sanitize(s)
+	n = strings.TrimRight(n[:min(len(n), maxLen-9)], "-._")
+	if n == "" {
+		return hex.EncodeToString(sum[:4])
+	}
+	return n + "-" + hex.EncodeToString(sum[:4])
+}
 
 // name returns a unique rule name: ERL's name, or one made of the path.
 func (t *translator) name(given string, path []step) string {
@@ -304,7 +343,7 @@ func (t *translator) name(given string, path []step) string {
 		}
 		base = strings.Join(parts, ".")
 	}
-	n := strings.Trim(nameRE.ReplaceAllString(strings.ToLower(base), "-"), "-._")
+	n := sanitize(base)
 	if n == "" || len(n) > 50 {
 		sum := sha256.Sum256([]byte(base))
 		n = strings.TrimRight(n[:min(len(n), 40)], "-._") + "-" + hex.EncodeToString(sum[:4])
@@ -325,7 +364,7 @@ func (t *translator) document(domain string) []byte {
 	// and a Redis failure is an error, as in ERL, so that Envoy's failure_mode_deny
 	// decides what it means. ERL waits for Redis as long as Envoy waits for it (the
 	// filter's timeout, 20ms by default); a second bounds a decision here.
-	fmt.Fprintf(&b, "domain: %s\nprefix: %s\nfailure: {mode: closed, timeout: 1s}\nrules:\n", yamlString(domain), yamlString(prefixOf(domain)))
+	fmt.Fprintf(&b, "domain: %s\nprefix: %s\nfailure: {mode: closed, timeout: 1s}\nrules:\n", yamlString(DomainName(domain)), yamlString(prefixOf(domain)))
 	for _, r := range t.rules {
 		fmt.Fprintf(&b, "  - name: %s\n    match: {%s: %s", r.name, KeysAttribute, yamlString(keysOf(r.path)))
 		for _, s := range r.path {
@@ -333,7 +372,7 @@ func (t *translator) document(domain string) []byte {
 			if strings.HasPrefix(s.match, "{each: ") {
 				value = s.match // a mapping, already quoted inside
 			}
-			fmt.Fprintf(&b, ", %s: %s", yamlString(s.key), value)
+			fmt.Fprintf(&b, ", %s: %s", yamlString(AttrName(s.key)), value)
 		}
 		b.WriteString("}\n")
 		switch {

@@ -88,8 +88,8 @@ func FuzzTranslate(f *testing.F) {
 		if err != nil {
 			return
 		}
-		// ERL takes any key and domain; tollgate's attribute and domain names are
-		// narrower, and the policy says so. Anything else is the translator's fault.
+		// ERL takes any key and domain, and so does the translation (AttrName,
+		// DomainName): a problem is the translator's fault.
 		_, err = policy.Parse(tr.Policy)
 		ve, ok := errors.AsType[*policy.ValidationError](err)
 		if err != nil && !ok {
@@ -100,7 +100,7 @@ func FuzzTranslate(f *testing.F) {
 				// tollgate's extension fields (algorithm, burst, unit_multiplier) are
 				// checked by the policy, as if written there.
 				extension := strings.Contains(p.Path, ".limits[") && (bytes.Contains(data, []byte("algorithm")) || bytes.Contains(data, []byte("burst")) || bytes.Contains(data, []byte("unit_multiplier")))
-				if p.Path != "domain" && !strings.Contains(p.Path, ".match.") && !extension {
+				if !extension {
 					t.Fatalf("the translation of %q does not parse: %v\n%s", data, p, tr.Policy)
 				}
 			}
@@ -130,6 +130,61 @@ descriptors:
 		l := r.Limits[0]
 		if got := fmt.Sprintf("%s %d/%v burst %d", l.Algorithm, l.Count, l.Period, l.Burst); got != want[i] {
 			t.Errorf("rule %s: %s, want %s", r.Name, got, want[i])
+		}
+	}
+}
+
+// TestTranslateNames serves ERL's domains and keys as they are written, where
+// tollgate's own names are narrower: upper case, other characters, great length. Each
+// becomes a name the policy takes, keys that differ only in case keep apart, and a
+// key that is already one of tollgate's names stays as it is.
+func TestTranslateNames(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("Key", 40)
+	tr, err := erl.Translate([]byte(`domain: Edge.Service
+descriptors:
+  - {key: USER_ID, value: Bob, rate_limit: {unit: minute, requests_per_unit: 2}}
+  - {key: user_id, value: Bob, rate_limit: {unit: minute, requests_per_unit: 3}}
+  - {key: "path:prefix", rate_limit: {unit: minute, requests_per_unit: 4}}
+  - {key: ` + long + `, rate_limit: {unit: minute, requests_per_unit: 5}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Parse(tr.Policy)
+	if err != nil {
+		t.Fatalf("Parse = %v\n%s", err, tr.Policy)
+	}
+	if tr.Domain != "Edge.Service" || p.Domain != erl.DomainName("Edge.Service") || !policy.ValidName(p.Domain) {
+		t.Errorf("domain %q, policy domain %q; want the file's, and DomainName's (a valid name)", tr.Domain, p.Domain)
+	}
+	if got := erl.AttrName("user_id"); got != "user_id" {
+		t.Errorf("AttrName(user_id) = %q, want it as it is", got)
+	}
+	seen := map[string]string{}
+	for _, key := range []string{"USER_ID", "user_id", "User_Id", "path:prefix", "path-prefix", long, "ключ", ":::"} {
+		a := erl.AttrName(key)
+		if !policy.ValidAttribute(a) {
+			t.Errorf("AttrName(%q) = %q, not an attribute name", key, a)
+		}
+		if other, dup := seen[a]; dup {
+			t.Errorf("AttrName(%q) = AttrName(%q) = %q", key, other, a)
+		}
+		seen[a] = key
+	}
+	for _, c := range []struct {
+		key    string
+		period string // the limit of the rule that applies
+	}{{"USER_ID", "2/1m0s"}, {"user_id", "3/1m0s"}, {"path:prefix", "4/1m0s"}, {long, "5/1m0s"}} {
+		attrs := map[string]string{erl.KeysAttribute: c.key, erl.AttrName(c.key): "Bob"}
+		var got []string
+		for _, r := range p.Rules {
+			if r.WhyNot(attrs) == "" {
+				got = append(got, fmt.Sprintf("%d/%v", r.Limits[0].Count, r.Limits[0].Period))
+			}
+		}
+		if len(got) != 1 || got[0] != c.period {
+			t.Errorf("key %.20q: the rules that apply have limits %v, want only %s\n%s", c.key, got, c.period, tr.Policy)
 		}
 	}
 }

@@ -38,6 +38,13 @@ var (
 	plainKeyRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 )
 
+// ValidName reports whether s is a name the policy accepts for its domain and its
+// rules.
+func ValidName(s string) bool { return nameRE.MatchString(s) }
+
+// ValidAttribute reports whether s is a name the policy accepts for an attribute.
+func ValidAttribute(s string) bool { return attrRE.MatchString(s) }
+
 const (
 	nameRule = "use 1 to 63 characters of a-z, 0-9, '_', '.' and '-', starting with a letter or digit"
 	attrRule = "use 1 to 64 characters of a-z, 0-9, '_', '.' and '-' (header attributes are named by their lower-case header name, e.g. x-tenant)"

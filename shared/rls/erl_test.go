@@ -296,3 +296,47 @@ func TestERLDomainsApart(t *testing.T) {
 		t.Errorf("with Redis gone: %v, want UNAVAILABLE", err)
 	}
 }
+
+// TestERLNamesAsWritten serves ERL files whose domains and keys tollgate's own names
+// do not take (upper case, ':') over gRPC on a real Redis, requested as Envoy sends
+// them: each limit applies to its own key, keys and domains that differ only in case
+// keep their own counts, as in ERL.
+func TestERLNamesAsWritten(t *testing.T) {
+	t.Parallel()
+	conf := func(domain string) []byte {
+		return []byte("domain: " + domain + `
+descriptors:
+  - {key: USER_ID, rate_limit: {unit: minute, requests_per_unit: 2}}
+  - {key: user_id, rate_limit: {unit: minute, requests_per_unit: 3}}
+  - {key: "path:prefix", value: "/Admin", rate_limit: {unit: minute, requests_per_unit: 1}}
+`)
+	}
+	srv := redistest.StartServer(t)
+	c := erlClient(t, "redis://"+srv.Addr, false, conf("Edge"), conf("edge"))
+	ctx := context.Background()
+	for _, domain := range []string{"Edge", "edge"} {
+		for _, tc := range []struct {
+			key, value string
+			want       int
+		}{{"USER_ID", "bob", 2}, {"user_id", "bob", 3}, {"path:prefix", "/Admin", 1}} {
+			admitted := 0
+			for range 5 {
+				resp, err := c.ShouldRateLimit(ctx, request(domain, descriptor(tc.key, tc.value)))
+				if err != nil {
+					t.Fatalf("domain %s, %s=%s: %v", domain, tc.key, tc.value, err)
+				}
+				if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+					admitted++
+				}
+			}
+			if admitted != tc.want {
+				t.Errorf("domain %s, %s=%s: %d of 5 admitted, want its own %d per minute", domain, tc.key, tc.value, admitted, tc.want)
+			}
+		}
+	}
+	// A descriptor no rule reaches is allowed, with no limit.
+	resp, err := c.ShouldRateLimit(ctx, request("Edge", descriptor("path:prefix", "/admin")))
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil {
+		t.Errorf("path:prefix=/admin (no rule): %v, %v; want OK with no limit", resp, err)
+	}
+}

@@ -152,29 +152,31 @@ func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.NumStreamWorkers(uint32(32 * runtime.GOMAXPROCS(0)))}
 }
 
-// domain returns what decides a domain.
-func (s *Server) domain(name string) (Domain, error) {
+// domain returns what decides a domain, and the domain to ask its engine for: a
+// translated file's policy names its domain as tollgate's names allow
+// (erl.DomainName), where Envoy sends the domain as the file spells it.
+func (s *Server) domain(name string) (Domain, string, error) {
 	if s.eng != nil {
-		return Domain{Engine: s.eng}, nil
+		return Domain{Engine: s.eng}, name, nil
 	}
 	if m := s.domains.Load(); m != nil {
 		if d, ok := (*m)[name]; ok {
-			return d, nil
+			return d, d.Engine.Policy().Domain, nil
 		}
 	}
-	return Domain{}, fmt.Errorf("unknown domain %.64q", name)
+	return Domain{}, "", fmt.Errorf("unknown domain %.64q", name)
 }
 
 // ShouldRateLimit decides every descriptor of req together. A caller's mistake is
 // INVALID_ARGUMENT; a Redis failure under the failure mode closed is UNAVAILABLE, so
 // that Envoy's failure_mode_deny decides, and under open or local an answer.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	dom, err := s.domain(req.GetDomain())
+	dom, domain, err := s.domain(req.GetDomain())
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	eng := dom.Engine
-	plans, err := plan(eng, req)
+	plans, err := plan(eng, domain, req)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -240,8 +242,10 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	return resp, nil
 }
 
-// plan turns each descriptor into a plan of eng.
-func plan(eng *engine.Engine, req *rlsv3.RateLimitRequest) ([]engine.Plan, error) {
+// plan turns each descriptor into a plan of eng for domain. A descriptor entry's key
+// is the attribute erl.AttrName names, which is the key itself when it is one of
+// tollgate's attribute names.
+func plan(eng *engine.Engine, domain string, req *rlsv3.RateLimitRequest) ([]engine.Plan, error) {
 	switch n := len(req.GetDescriptors()); {
 	case n == 0:
 		return nil, errors.New("no descriptors; send at least one")
@@ -267,15 +271,16 @@ func plan(eng *engine.Engine, req *rlsv3.RateLimitRequest) ([]engine.Plan, error
 		attrs := make(map[string]string, len(d.GetEntries())+1)
 		keys := make([]string, 0, len(d.GetEntries()))
 		for j, e := range d.GetEntries() {
-			if _, dup := attrs[e.GetKey()]; dup || e.GetKey() == erl.KeysAttribute {
+			name := erl.AttrName(e.GetKey())
+			if _, dup := attrs[name]; dup || name == erl.KeysAttribute {
 				return nil, fmt.Errorf("descriptors[%d].entries[%d]: key %.64q appears twice or is reserved", i, j, e.GetKey())
 			}
-			attrs[e.GetKey()] = e.GetValue()
+			attrs[name] = e.GetValue()
 			keys = append(keys, e.GetKey())
 		}
 		// Rules translated from envoyproxy/ratelimit's configuration match on it.
 		attrs[erl.KeysAttribute] = strings.Join(keys, ",")
-		p, err := eng.Plan(engine.Request{Domain: req.GetDomain(), Attributes: attrs, Cost: cost(d)})
+		p, err := eng.Plan(engine.Request{Domain: domain, Attributes: attrs, Cost: cost(d)})
 		if err == nil && d.GetLimit() != nil {
 			err = override(&p, eng.Policy(), d)
 		}
