@@ -40,6 +40,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -185,6 +186,34 @@ func (t *translator) crossReplaces() (map[string][]string, error) {
 type translator struct {
 	rules []*rule
 	names map[string]bool
+	attrs map[string]string // AttrName -> the key that has it, so no two keys share one
+}
+
+// key checks the key of the descriptor at at, under the path parent: tollgate matches
+// a descriptor's entries by their keys' attributes, so a key may appear once on a
+// path, none may be the attribute the rls package reserves, and no two keys of the
+// file may have the same AttrName.
+func (t *translator) key(at string, parent []step, key string) error {
+	if key == "" {
+		return fmt.Errorf("erl: %s: key is empty", at)
+	}
+	attr := AttrName(key)
+	if attr == KeysAttribute {
+		return fmt.Errorf("erl: %s: key %q is reserved (tollgate passes a descriptor's keys under it); rename the key", at, key)
+	}
+	for _, s := range parent {
+		if s.key == key {
+			return fmt.Errorf("erl: %s: key %q is already a key of an enclosing descriptor; tollgate matches a descriptor's entries by key, so a key can appear once on a path: rename one of them", at, key)
+		}
+	}
+	if t.attrs == nil {
+		t.attrs = map[string]string{}
+	}
+	if other, ok := t.attrs[attr]; ok && other != key {
+		return fmt.Errorf("erl: %s: keys %q and %q both become attribute %q; rename one of them", at, other, key, attr)
+	}
+	t.attrs[attr] = key
+	return nil
 }
 
 // walk translates the descriptors under the path parent, then adds the guards that
@@ -195,8 +224,8 @@ func (t *translator) walk(parent []step, where string, ds []descriptor) error {
 	seen := map[string]bool{}
 	for i, d := range ds {
 		at := fmt.Sprintf("%s[%d]", where, i)
-		if d.Key == "" {
-			return fmt.Errorf("erl: %s: key is empty", at)
+		if err := t.key(at, parent, d.Key); err != nil {
+			return err
 		}
 		s := step{key: d.Key, match: "*"}
 		switch {
@@ -359,7 +388,8 @@ func (t *translator) name(given string, path []step) string {
 // document writes the rules as a tollgate policy.
 func (t *translator) document(domain string) []byte {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Translated from envoyproxy/ratelimit's configuration of domain %s.\n", domain)
+	// The domain is any text (a line break in it would end the comment): quoted, in ASCII.
+	fmt.Fprintf(&b, "# Translated from envoyproxy/ratelimit's configuration of domain %s.\n", strconv.QuoteToASCII(domain))
 	// Each domain keeps its counts under its own prefix, as ERL keys them by domain;
 	// and a Redis failure is an error, as in ERL, so that Envoy's failure_mode_deny
 	// decides what it means. ERL waits for Redis as long as Envoy waits for it (the

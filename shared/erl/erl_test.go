@@ -11,6 +11,20 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/policy"
 )
 
+// translate translates doc and parses the policy it becomes, failing t on an error.
+func translate(t *testing.T, doc string) (erl.Translation, *policy.Policy) {
+	t.Helper()
+	tr, err := erl.Translate([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Parse(tr.Policy)
+	if err != nil {
+		t.Fatalf("Parse = %v\n%s", err, tr.Policy)
+	}
+	return tr, p
+}
+
 func TestTranslateRefuses(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct{ doc, want string }{
@@ -23,6 +37,9 @@ func TestTranslateRefuses(t *testing.T) {
 		{"domain: d\ndescriptors: [{key: k, colour: red}]\n", "field colour not found"},
 		{"domain: d\ndescriptors: [{key: k, value: v}, {key: k, value: v}]\n", "appears twice"},
 		{"domain: d\ndescriptors: [{key: k}]\n", "no descriptor has a rate_limit"},
+		{"domain: d\ndescriptors: [{key: k, descriptors: [{key: k, value: v, rate_limit: {unit: second, requests_per_unit: 1}}]}]\n", `descriptors[0].descriptors[0]: key "k" is already a key of an enclosing descriptor`},
+		{"domain: d\ndescriptors: [{key: descriptor.keys, rate_limit: {unit: second, requests_per_unit: 1}}]\n", `key "descriptor.keys" is reserved`},
+		{"domain: d\ndescriptors: [{key: K, descriptors: [{key: k-86be9a55, rate_limit: {unit: second, requests_per_unit: 1}}]}]\n", `keys "K" and "k-86be9a55" both become attribute "k-86be9a55"`},
 	} {
 		if _, err := erl.Translate([]byte(tt.doc)); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("Translate(%q) = %v, want an error with %q", tt.doc, err, tt.want)
@@ -34,20 +51,13 @@ func TestTranslateRefuses(t *testing.T) {
 // tollgate patterns, and its units, shadow mode and unlimited limits.
 func TestTranslateValues(t *testing.T) {
 	t.Parallel()
-	tr, err := erl.Translate([]byte(`domain: d
+	tr, p := translate(t, `domain: d
 descriptors:
   - {key: path, value: "/users/{id}", rate_limit: {unit: week, requests_per_unit: 7}}
   - {key: path, value: "!x", shadow_mode: true, rate_limit: {unit: month, requests_per_unit: 30}}
   - {key: path, value: "/free", rate_limit: {unlimited: true}}
   - {key: ua, value: "curl*", share_threshold: true, rate_limit: {unit: year, requests_per_unit: 1, name: Curl Agents}}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := policy.Parse(tr.Policy)
-	if err != nil {
-		t.Fatalf("Parse = %v\n%s", err, tr.Policy)
-	}
+`)
 	for _, c := range []struct {
 		rule, attr, value string
 		applies           bool
@@ -83,6 +93,7 @@ descriptors:
 // accepts is a policy tollgate parses.
 func FuzzTranslate(f *testing.F) {
 	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n    descriptors: [{key: p, value: '/x', rate_limit: {unit: minute, requests_per_unit: 1}}]\n  - {key: k, value: v, rate_limit: {unlimited: true}}\n"))
+	f.Add([]byte("domain: \"Edge\\nidentity: {trusted_proxies: 3}\\n#\"\ndescriptors: [{key: USER_ID, rate_limit: {unit: second, requests_per_unit: 1}, descriptors: [{key: user_id, rate_limit: {unit: second, requests_per_unit: 2}}]}]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tr, err := erl.Translate(data)
 		if err != nil {
@@ -112,19 +123,12 @@ func FuzzTranslate(f *testing.F) {
 // of unit_multiplier units, and another algorithm with a burst.
 func TestTranslateExtensions(t *testing.T) {
 	t.Parallel()
-	tr, err := erl.Translate([]byte(`domain: d
+	_, p := translate(t, `domain: d
 descriptors:
   - {key: a, rate_limit: {unit: minute, requests_per_unit: 10, unit_multiplier: 5}}
   - {key: b, rate_limit: {unit: week, requests_per_unit: 3, unit_multiplier: 2}}
   - {key: c, rate_limit: {unit: second, requests_per_unit: 100, algorithm: gcra, burst: 200}}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := policy.Parse(tr.Policy)
-	if err != nil {
-		t.Fatalf("Parse = %v\n%s", err, tr.Policy)
-	}
+`)
 	want := []string{"fixed_window 10/5m0s burst 0", "fixed_window 3/336h0m0s burst 0", "gcra 100/1s burst 200"}
 	for i, r := range p.Rules {
 		l := r.Limits[0]
@@ -141,22 +145,23 @@ descriptors:
 func TestTranslateNames(t *testing.T) {
 	t.Parallel()
 	long := strings.Repeat("Key", 40)
-	tr, err := erl.Translate([]byte(`domain: Edge.Service
+	tr, p := translate(t, `domain: Edge.Service
 descriptors:
   - {key: USER_ID, value: Bob, rate_limit: {unit: minute, requests_per_unit: 2}}
   - {key: user_id, value: Bob, rate_limit: {unit: minute, requests_per_unit: 3}}
   - {key: "path:prefix", rate_limit: {unit: minute, requests_per_unit: 4}}
-  - {key: ` + long + `, rate_limit: {unit: minute, requests_per_unit: 5}}
-`))
+  - {key: `+long+`, rate_limit: {unit: minute, requests_per_unit: 5}}
+`)
+	if tr.Domain != "Edge.Service" || p.Domain != erl.DomainName("Edge.Service") || !policy.ValidName(p.Domain) {
+		t.Errorf("domain %q, policy domain %q; want the file's, and DomainName's (a valid name)", tr.Domain, p.Domain)
+	}
+	// A domain is any text: one with line breaks stays out of the policy's fields.
+	tr2, err := erl.Translate([]byte("domain: \"edge\\nidentity: {trusted_proxies: 3}\\u2028\\u0085#\"\ndescriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: 1}}]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := policy.Parse(tr.Policy)
-	if err != nil {
-		t.Fatalf("Parse = %v\n%s", err, tr.Policy)
-	}
-	if tr.Domain != "Edge.Service" || p.Domain != erl.DomainName("Edge.Service") || !policy.ValidName(p.Domain) {
-		t.Errorf("domain %q, policy domain %q; want the file's, and DomainName's (a valid name)", tr.Domain, p.Domain)
+	if p2, err := policy.Parse(tr2.Policy); err != nil || p2.Identity.TrustedProxies != 0 {
+		t.Errorf("a domain with line breaks: Parse = %v, trusted proxies %v; want a policy with no field of the domain's text\n%s", err, p2, tr2.Policy)
 	}
 	if got := erl.AttrName("user_id"); got != "user_id" {
 		t.Errorf("AttrName(user_id) = %q, want it as it is", got)

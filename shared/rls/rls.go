@@ -4,7 +4,8 @@
 // call tollgate where it would call envoyproxy/ratelimit.
 //
 // A request's domain must be the policy's. Each descriptor's entries become the
-// attributes of one request to the policy (entry key → attribute name), and every
+// attributes of one request to the policy (entry key → attribute name: the key itself
+// when it is one of tollgate's attribute names, else erl.AttrName's), and every
 // descriptor of a request is decided together, all-or-nothing: when one is over its
 // limit, none is charged. The cost is the request's hits_addend (1 when unset), or
 // the descriptors' own hits_addend, which must then be the same for all.
@@ -154,14 +155,15 @@ func ServerOptions() []grpc.ServerOption {
 
 // domain returns what decides a domain, and the domain to ask its engine for: a
 // translated file's policy names its domain as tollgate's names allow
-// (erl.DomainName), where Envoy sends the domain as the file spells it.
+// (erl.DomainName, which leaves a valid name as it is), where Envoy sends the domain
+// as the file spells it. The engine still checks that its policy decides that domain.
 func (s *Server) domain(name string) (Domain, string, error) {
 	if s.eng != nil {
 		return Domain{Engine: s.eng}, name, nil
 	}
 	if m := s.domains.Load(); m != nil {
 		if d, ok := (*m)[name]; ok {
-			return d, d.Engine.Policy().Domain, nil
+			return d, erl.DomainName(name), nil
 		}
 	}
 	return Domain{}, "", fmt.Errorf("unknown domain %.64q", name)

@@ -204,6 +204,19 @@ func TestHostileRequests(t *testing.T) {
 	}
 }
 
+// TestDomainsCheckTheEngine serves domain "api" on an engine whose policy decides
+// another domain (as the service's own policy reloaded under a new name would): a
+// request for "api" is refused, never decided by that policy.
+func TestDomainsCheckTheEngine(t *testing.T) {
+	t.Parallel()
+	eng := testEngine(t, "redis://"+redistest.StartServer(t).Addr, false) // domain rl
+	c := serve(t, rls.NewDomains(map[string]rls.Domain{"api": {Engine: eng}}, nil))
+	_, err := c.ShouldRateLimit(context.Background(), request("api", descriptor("key1", "x")))
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "unknown domain") {
+		t.Errorf("domain api on an engine of domain rl: %v, want INVALID_ARGUMENT, unknown domain", err)
+	}
+}
+
 // TestDescriptorLimitOverride sends descriptors that carry their own limit (Envoy's
 // dynamic override) on a real Redis: the override alone decides (2 per minute where
 // the policy says 20), each override has its own count, a descriptor without one
