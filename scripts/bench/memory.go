@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/redisinfo"
 )
 
 // memRow is the Redis memory that tracking one client costs, per algorithm.
@@ -173,14 +172,9 @@ func decideAll(ctx context.Context, name string, n int, decide func(context.Cont
 }
 
 func usedMemory(ctx context.Context, c redis.UniversalClient) (int64, error) {
-	info, err := c.Info(ctx, "memory").Result()
+	n, err := redisinfo.Int(ctx, c, "memory", "used_memory")
 	if err != nil {
-		return 0, fmt.Errorf("bench: INFO memory: %w", err)
+		return 0, fmt.Errorf("bench: %w", err)
 	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
-			return strconv.ParseInt(v, 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("bench: INFO memory has no used_memory")
+	return n, nil
 }

@@ -1,5 +1,6 @@
 // Package redisinfo reads what the benchmarks and tests measure Redis by: INFO commandstats
-// (calls and time per command) and INFO cpu (the process's CPU time).
+// (calls and time per command), INFO cpu (the process's CPU time) and any integer field
+// of INFO (such as memory's used_memory).
 package redisinfo
 
 import (
@@ -73,4 +74,23 @@ func (s Stats) Sum(keep func(name string) bool) Command {
 		}
 	}
 	return t
+}
+
+// Int reads the integer field name of INFO section from c, such as section "memory",
+// name "used_memory".
+func Int(ctx context.Context, c redis.Cmdable, section, name string) (int64, error) {
+	info, err := c.Info(ctx, section).Result()
+	if err != nil {
+		return 0, fmt.Errorf("redisinfo: INFO %s: %w", section, err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("redisinfo: INFO %s %s: %w", section, name, err)
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("redisinfo: INFO %s has no %s", section, name)
 }

@@ -2,6 +2,7 @@ package redisinfo_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -37,5 +38,18 @@ func TestRead(t *testing.T) {
 	}
 	if after.CPU <= 0 || after.Commands["set"].Usec <= 0 {
 		t.Errorf("CPU %v s, set %v µs; want both above 0", after.CPU, after.Commands["set"].Usec)
+	}
+}
+
+// TestInt reads an integer field of a real redis-server's INFO, and names a field it
+// lacks.
+func TestInt(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.StartServer(t).Client(t)
+	if n, err := redisinfo.Int(ctx, c, "memory", "used_memory"); err != nil || n <= 0 {
+		t.Errorf("Int(memory, used_memory) = %d, %v; want above 0", n, err)
+	}
+	if _, err := redisinfo.Int(ctx, c, "memory", "no_such_field"); err == nil || !strings.Contains(err.Error(), "no_such_field") {
+		t.Errorf("Int(memory, no_such_field) = %v, want an error naming the field", err)
 	}
 }

@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/redisinfo"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 )
 
@@ -18,21 +18,11 @@ import (
 // used_memory_vm_functions, ...), in bytes.
 func memoryInfo(t *testing.T, c redis.Cmdable, name string) int64 {
 	t.Helper()
-	info, err := c.Info(context.Background(), "memory").Result()
+	n, err := redisinfo.Int(context.Background(), c, "memory", name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatalf("INFO memory has no %s", name)
-	return 0
+	return n
 }
 
 // TestMemoryTable measures the Redis memory one tracked client costs, per algorithm:
