@@ -16,3 +16,19 @@ func MoreRestrictive(a, b Decision) bool {
 	}
 	return a.ResetAfter > b.ResetAfter
 }
+
+// MostRestrictive returns the index of the most restrictive of n decisions
+// (MoreRestrictive), among those for which at reports ok, or -1 when at reports none.
+// It is the one fold every front door's answer comes from: the engine's verdict, each
+// gRPC descriptor's status and the Envoy filter's local limits.
+func MostRestrictive(n int, at func(i int) (d Decision, ok bool)) int {
+	best := -1
+	var bestD Decision
+	for i := range n {
+		d, ok := at(i)
+		if ok && (best < 0 || MoreRestrictive(d, bestD)) {
+			best, bestD = i, d
+		}
+	}
+	return best
+}

@@ -34,3 +34,25 @@ func TestMoreRestrictive(t *testing.T) {
 		}
 	}
 }
+
+func TestMostRestrictive(t *testing.T) {
+	t.Parallel()
+	ds := []algo.Decision{
+		{Allowed: true, Remaining: 5},
+		{RetryAfter: time.Second},
+		{Allowed: true, Remaining: 1},
+		{RetryAfter: 3 * time.Second},
+	}
+	all := func(i int) (algo.Decision, bool) { return ds[i], true }
+	if got := algo.MostRestrictive(len(ds), all); got != 3 {
+		t.Errorf("MostRestrictive(all) = %d, want 3", got)
+	}
+	allowed := func(i int) (algo.Decision, bool) { return ds[i], ds[i].Allowed }
+	if got := algo.MostRestrictive(len(ds), allowed); got != 2 {
+		t.Errorf("MostRestrictive(allowed only) = %d, want 2", got)
+	}
+	none := func(i int) (algo.Decision, bool) { return ds[i], false }
+	if got := algo.MostRestrictive(len(ds), none); got != -1 {
+		t.Errorf("MostRestrictive(none) = %d, want -1", got)
+	}
+}
