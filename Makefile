@@ -30,6 +30,7 @@ deps:
 
 test-go: deps
 	$(GO) test -race -count=1 -timeout 15m ./...
+	$(GO) -C deploy test -count=1 ./...
 
 ## wasm-check: shared/algo and shared/memstore compile for GOOS=wasip1, and the filter builds as the plugin Envoy loads
 wasm-check:
