@@ -178,7 +178,7 @@ func evalAlert(t *testing.T, r rulefmt.Rule, load string, at int) []string {
 	t.Helper()
 	storage := promqltest.LoadedStorage(t, load)
 	engine := promqltest.NewTestEngine(t, false, 0, 1e6)
-	expr, err := promql.ParseExpr(r.Expr)
+	expr, err := promqlParser.ParseExpr(r.Expr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package deploy_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -9,6 +10,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/prometheus/prometheus/promql"
+	"github.com/prometheus/prometheus/promql/promqltest"
 )
 
 const dashboardPath = "grafana/tollgate.json"
@@ -201,4 +206,40 @@ func checkQuery(t *testing.T, q query, fams map[string]family) map[string]bool {
 		t.Errorf("%s: %s", q.where, p)
 	}
 	return used
+}
+
+// TestDashboardShowsData evaluates every panel's query, as Grafana would send it
+// (variables All, $__rate_interval 5m), on two scrapes of the running service 30s
+// apart (see scrapeService), and requires each to return something: a query can
+// name only served series and still select nothing, by a matcher, a vector
+// match or a division no series meets.
+func TestDashboardShowsData(t *testing.T) {
+	s, err := served()
+	if err != nil {
+		t.Fatal(err)
+	}
+	storage := promqltest.LoadedStorage(t, s.load)
+	engine := promqltest.NewTestEngine(t, false, 0, 1e6)
+	qs, _ := readDashboard(t).queries(t)
+	for _, q := range qs {
+		if !strings.HasPrefix(q.where, "panel ") {
+			continue
+		}
+		expr := templateVar.ReplaceAllString(intervalVar.ReplaceAllString(q.expr, "5m"), ".*")
+		query, err := engine.NewInstantQuery(context.Background(), storage, nil, expr, time.Unix(30, 0))
+		if err != nil {
+			t.Errorf("%s: %v", q.where, err)
+			continue
+		}
+		res := query.Exec(context.Background())
+		switch v := res.Value.(type) {
+		case nil:
+			t.Errorf("%s: %s: %v", q.where, expr, res.Err)
+		case promql.Vector:
+			if len(v) == 0 {
+				t.Errorf("%s: %s selects nothing on the service's series", q.where, expr)
+			}
+		}
+		query.Close()
+	}
 }

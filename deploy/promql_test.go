@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/prometheus/promql/parser"
 )
 
-// promql is Prometheus's own PromQL parser with its default functions.
-var promql = parser.NewParser(parser.Options{})
+// promqlParser is Prometheus's own PromQL parser with its default functions.
+var promqlParser = parser.NewParser(parser.Options{})
 
 // targetLabels are the labels Prometheus adds to every series it scrapes: queries
 // may match and group by them though /metrics does not show them.
@@ -34,7 +34,7 @@ var (
 func parseQuery(expr string) (parser.Expr, error) {
 	expr = intervalVar.ReplaceAllString(expr, "5m")
 	expr = templateVar.ReplaceAllString(expr, ".*")
-	return promql.ParseExpr(expr)
+	return promqlParser.ParseExpr(expr)
 }
 
 // resolve finds the family a series name of a query belongs to: the family of that

@@ -23,7 +23,7 @@ const (
 // parsed).
 func readRules(t *testing.T) *rulefmt.RuleGroups {
 	t.Helper()
-	rgs, errs := rulefmt.ParseFile(rulesPath, false, model.UTF8Validation, promql, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	rgs, errs := rulefmt.ParseFile(rulesPath, false, model.UTF8Validation, promqlParser, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	for _, err := range errs {
 		t.Error(err)
 	}

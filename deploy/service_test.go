@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -57,6 +60,8 @@ func goTool() string {
 type scrape struct {
 	fams  map[string]family // by name, as /metrics's # TYPE lines name them
 	notes []string          // series the drive waited for in vain
+	// load is two scrapes 30s apart as a promqltest load command.
+	load string
 }
 
 // served runs the decision service once for the whole test binary and returns what
@@ -214,17 +219,27 @@ func scrapeService() (s scrape, err error) {
 		}
 	}
 
-	code, body, err := get("/metrics")
-	if err != nil || code != http.StatusOK {
-		return s, fmt.Errorf("GET /metrics: %d, %v", code, err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(strings.NewReader(body))
-	if err != nil {
-		return s, fmt.Errorf("parse /metrics: %w", err)
+	// Two scrapes, with decisions between them, so that rates have two samples.
+	var scrapes [2]map[string]*dto.MetricFamily
+	for i := range scrapes {
+		if i > 0 {
+			for range 3 {
+				if err := next(); err != nil {
+					return s, err
+				}
+			}
+		}
+		code, body, err := get("/metrics")
+		if err != nil || code != http.StatusOK {
+			return s, fmt.Errorf("GET /metrics: %d, %v", code, err)
+		}
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		if scrapes[i], err = parser.TextToMetricFamilies(strings.NewReader(body)); err != nil {
+			return s, fmt.Errorf("parse /metrics: %w", err)
+		}
 	}
 	s.fams = map[string]family{}
-	for name, mf := range mfs {
+	for name, mf := range scrapes[1] {
 		f := family{typ: mf.GetType(), labels: map[string]map[string]bool{}}
 		for _, m := range mf.GetMetric() {
 			for _, lp := range m.GetLabel() {
@@ -236,5 +251,68 @@ func scrapeService() (s scrape, err error) {
 		}
 		s.fams[name] = f
 	}
+	s.load = loadCommand(scrapes)
 	return s, nil
+}
+
+// loadCommand writes two scrapes as a promqltest load command, the first at 0s and
+// the second at 30s (_ where a series is missing from one).
+func loadCommand(scrapes [2]map[string]*dto.MetricFamily) string {
+	values := map[string]*[2]string{}
+	add := func(i int, name string, m *dto.Metric, extra map[string]string, v float64) {
+		ls := map[string]string{"__name__": name}
+		for _, lp := range m.GetLabel() {
+			ls[lp.GetName()] = lp.GetValue()
+		}
+		maps.Copy(ls, extra)
+		var b strings.Builder
+		b.WriteString("{")
+		for j, k := range slices.Sorted(maps.Keys(ls)) {
+			if j > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%s=%q", k, ls[k])
+		}
+		b.WriteString("}")
+		key := b.String()
+		if values[key] == nil {
+			values[key] = &[2]string{"_", "_"}
+		}
+		values[key][i] = strconv.FormatFloat(v, 'g', -1, 64)
+	}
+	for i, mfs := range scrapes {
+		for name, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				switch mf.GetType() {
+				case dto.MetricType_COUNTER:
+					add(i, name, m, nil, m.GetCounter().GetValue())
+				case dto.MetricType_GAUGE:
+					add(i, name, m, nil, m.GetGauge().GetValue())
+				case dto.MetricType_UNTYPED:
+					add(i, name, m, nil, m.GetUntyped().GetValue())
+				case dto.MetricType_HISTOGRAM:
+					h := m.GetHistogram()
+					for _, bk := range h.GetBucket() {
+						add(i, name+"_bucket", m, map[string]string{"le": strconv.FormatFloat(bk.GetUpperBound(), 'g', -1, 64)}, float64(bk.GetCumulativeCount()))
+					}
+					add(i, name+"_bucket", m, map[string]string{"le": "+Inf"}, float64(h.GetSampleCount()))
+					add(i, name+"_sum", m, nil, h.GetSampleSum())
+					add(i, name+"_count", m, nil, float64(h.GetSampleCount()))
+				case dto.MetricType_SUMMARY:
+					sm := m.GetSummary()
+					for _, q := range sm.GetQuantile() {
+						add(i, name, m, map[string]string{"quantile": strconv.FormatFloat(q.GetQuantile(), 'g', -1, 64)}, q.GetValue())
+					}
+					add(i, name+"_sum", m, nil, sm.GetSampleSum())
+					add(i, name+"_count", m, nil, float64(sm.GetSampleCount()))
+				}
+			}
+		}
+	}
+	var b strings.Builder
+	b.WriteString("load 30s\n")
+	for _, k := range slices.Sorted(maps.Keys(values)) {
+		fmt.Fprintf(&b, "  %s %s %s\n", k, values[k][0], values[k][1])
+	}
+	return b.String()
 }
