@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -12,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grafana/grafana-foundation-sdk/go/cog"
+	"github.com/grafana/grafana-foundation-sdk/go/cog/plugins"
+	grafana "github.com/grafana/grafana-foundation-sdk/go/dashboard"
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/promql/promqltest"
 )
@@ -110,10 +114,27 @@ func (d dashboard) queries(t *testing.T) (qs []query, varLabels map[string]strin
 	return qs, varLabels
 }
 
-// TestDashboard checks the dashboard's shape: unique panel ids, panels inside the
-// 24-column grid and not overlapping, every panel on the datasource variable with
-// at least one query, and every query parsing as PromQL.
+// TestDashboard checks the dashboard's shape: Grafana's dashboard schema, strictly
+// (grafana-foundation-sdk: no unknown field, no required one missing, panel options
+// by panel type), unique panel ids, panels inside the 24-column grid and not
+// overlapping, every panel on the datasource variable with at least one query, and
+// every query parsing as PromQL.
 func TestDashboard(t *testing.T) {
+	b, err := os.ReadFile(dashboardPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plugins.RegisterDefaultPlugins()
+	var schema grafana.Dashboard
+	if err := schema.UnmarshalJSONStrict(b); err != nil {
+		// UnmarshalJSONStrict returns its (empty) list of errors even when there are none.
+		if be, ok := errors.AsType[cog.BuildErrors](err); !ok || len(be) > 0 {
+			t.Errorf("%s does not follow Grafana's dashboard schema:\n%v", dashboardPath, err)
+		}
+	}
+	if err := schema.Validate(); err != nil {
+		t.Errorf("%s: %v", dashboardPath, err)
+	}
 	d := readDashboard(t)
 	if d.UID == "" || d.Title == "" {
 		t.Errorf("dashboard uid %q, title %q: want both set", d.UID, d.Title)

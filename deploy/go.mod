@@ -4,6 +4,7 @@ go 1.26.7
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
+	github.com/grafana/grafana-foundation-sdk/go v0.0.22
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.1
 	github.com/prometheus/prometheus v0.316.0

@@ -108,7 +108,7 @@ func scrapeService() (s scrape, err error) {
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(),
 		"TOLLGATE_POLICY="+policy, "REDIS_URL=redis://"+redisAddr, "TOLLGATE_LISTEN="+addr,
-		"TOLLGATE_POLICY_POLL=100ms", "TOLLGATE_BATCH=false")
+		"TOLLGATE_POLICY_POLL=100ms")
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		return s, err
