@@ -144,6 +144,9 @@ func TestAlertsFire(t *testing.T) {
 		{"TollgateUnreplicated", "unreplicated for 20m", `
 			tollgate_unreplicated_total{` + a + `} 0+6x25`,
 			20, []string{`{job="tollgate"}`}},
+		{"TollgateUnreplicated", "for 10m only", `
+			tollgate_unreplicated_total{` + a + `} 0x10 0+6x15`,
+			20, nil},
 	}
 	seen := map[string]bool{}
 	for _, tc := range tests {
