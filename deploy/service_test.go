@@ -73,7 +73,8 @@ var served = sync.OnceValues(scrapeService)
 // drives it until every labelled series the artefacts may name exists: allowed,
 // denied and unavailable decisions of rule per-key, a deny cache hit, reloads that
 // are applied, invalid and error, and, after Redis is closed, the closed failure
-// mode and an open breaker. It returns the families of a final GET /metrics.
+// mode and an open breaker. It returns the families of the last GET /metrics and
+// the last two scrapes, 30s apart as far as the tests' queries can tell.
 func scrapeService() (s scrape, err error) {
 	dir, err := os.MkdirTemp("", "tollgate-deploy-")
 	if err != nil {
@@ -106,7 +107,12 @@ func scrapeService() (s scrape, err error) {
 
 	var logs bytes.Buffer
 	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(),
+	// The service reads its configuration from the environment: none of the
+	// caller's may reach it.
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return slices.ContainsFunc([]string{"TOLLGATE_", "REDIS_", "AWS_", "LIMIT_"}, func(p string) bool { return strings.HasPrefix(kv, p) })
+	})
+	cmd.Env = append(cmd.Env,
 		"TOLLGATE_POLICY="+policy, "REDIS_URL=redis://"+redisAddr, "TOLLGATE_LISTEN="+addr,
 		"TOLLGATE_POLICY_POLL=100ms")
 	cmd.Stdout, cmd.Stderr = &logs, &logs
