@@ -6,8 +6,9 @@
 //   - every flag given to the decision service (lambda/limiter) or the authorizer
 //     (lambda/authorizer) exists in that binary's flag set, read from the built binary's
 //     --help;
-//   - the pages written by hand (all but the generated reports) carry no issue references and no bare
-//     commit ids: they say what the product does, not which ticket or commit made it;
+//   - the pages written by hand (all but the generated reports) carry no issue
+//     references and no bare commit ids: they say what the product does, not which
+//     ticket or commit made it;
 //   - every relative link resolves to a file, and an anchor into a Markdown file to one
 //     of its headings.
 //
