@@ -35,9 +35,10 @@ import (
 
 // A doc is one Markdown file, split into prose lines and logical code lines.
 type doc struct {
-	path  string // relative to the repository root, with slashes
-	prose []line // lines outside fenced code blocks
-	code  []line // lines inside fenced code blocks, continuation lines joined
+	path  string   // relative to the repository root, with slashes
+	lines []string // every line, lines[0] being line 1
+	prose []line   // lines outside fenced code blocks
+	code  []line   // lines inside fenced code blocks, continuation lines joined
 }
 
 // A line is a line of a doc with its 1-based number, for messages.
@@ -101,10 +102,10 @@ func readDocs(t *testing.T, root string) []doc {
 // parseDoc splits text into prose and code lines. In code, a line that ends with a
 // backslash continues on the next one, as in a shell.
 func parseDoc(path, text string) doc {
-	d := doc{path: path}
+	d := doc{path: path, lines: strings.Split(text, "\n")}
 	inFence := false
 	var pending *line
-	for i, s := range strings.Split(text, "\n") {
+	for i, s := range d.lines {
 		trimmed := strings.TrimSpace(s)
 		if strings.HasPrefix(trimmed, "```") || strings.HasPrefix(trimmed, "~~~") {
 			inFence = !inFence
@@ -130,13 +131,51 @@ func parseDoc(path, text string) doc {
 	return d
 }
 
+// paragraphs returns d's prose as paragraphs: runs of lines between blank lines,
+// headings and code blocks, joined with newlines, each numbered by its first line. An
+// inline code span or a link may wrap from one line of a paragraph to the next.
+func (d doc) paragraphs() []line {
+	var out []line
+	prev := -1
+	for _, l := range d.prose {
+		blank := strings.TrimSpace(l.text) == ""
+		switch {
+		case blank:
+			prev = -1
+			continue
+		case heading.MatchString(l.text):
+			out = append(out, l)
+			prev = -1
+			continue
+		case prev == l.n-1 && len(out) > 0:
+			out[len(out)-1].text += "\n" + l.text
+		default:
+			out = append(out, l)
+		}
+		prev = l.n
+	}
+	return out
+}
+
+// find returns the matches of re's group in p, each with the line it starts on and its
+// line breaks turned into spaces.
+func find(p line, re *regexp.Regexp, group int) []line {
+	var out []line
+	for _, m := range re.FindAllStringSubmatchIndex(p.text, -1) {
+		start, end := m[2*group], m[2*group+1]
+		n := p.n + strings.Count(p.text[:start], "\n")
+		out = append(out, line{n, strings.ReplaceAll(p.text[start:end], "\n", " ")})
+	}
+	return out
+}
+
 var codeSpan = regexp.MustCompile("`([^`]+)`")
 
-// spans returns the inline code spans of a prose line.
-func spans(s string) []string {
-	var out []string
-	for _, m := range codeSpan.FindAllStringSubmatch(s, -1) {
-		out = append(out, m[1])
+// spans returns the inline code spans of d, each with the line it starts on.
+func (d doc) spans() []line {
+	var out []line
+	for _, p := range d.paragraphs() {
+		out = append(out, find(p, codeSpan, 1)...)
 	}
 	return out
 }
@@ -155,12 +194,7 @@ func (d doc) commands() []line {
 		}
 		out = append(out, line{l.n, s})
 	}
-	for _, l := range d.prose {
-		for _, s := range spans(l.text) {
-			out = append(out, line{l.n, s})
-		}
-	}
-	return out
+	return append(out, d.spans()...)
 }
 
 // makeTargets returns the targets of the Makefile at root.
@@ -323,20 +357,18 @@ func TestFlagsExist(t *testing.T) {
 		// `--grpc-listen ADDR`): the decision service's, unless the line speaks only of
 		// the authorizer. Another program's flag is written with its command
 		// (`redis-cli --cluster create`), so it does not start a span.
-		for _, l := range d.prose {
+		for _, sp := range d.spans() {
+			if !strings.HasPrefix(sp.text, "--") {
+				continue
+			}
 			owner := "limiter"
-			lower := strings.ToLower(l.text)
+			lower := strings.ToLower(d.lines[sp.n-1])
 			if strings.Contains(lower, "authorizer") && !strings.Contains(lower, "limiter") && !strings.Contains(lower, "decision service") {
 				owner = "authorizer"
 			}
-			for _, s := range spans(l.text) {
-				if !strings.HasPrefix(s, "--") {
-					continue
-				}
-				m := docFlag.FindStringSubmatch(strings.Fields(s)[0])
-				if m != nil && !sets[owner][m[1]] {
-					t.Errorf("%s: `%s`: the %s has no flag --%s (its flags: %s)", d.at(l), s, owner, m[1], keys(sets[owner]))
-				}
+			m := docFlag.FindStringSubmatch(strings.Fields(sp.text)[0])
+			if m != nil && !sets[owner][m[1]] {
+				t.Errorf("%s: `%s`: the %s has no flag --%s (its flags: %s)", d.at(sp), sp.text, owner, m[1], keys(sets[owner]))
 			}
 		}
 	}
@@ -368,12 +400,12 @@ func isUserDoc(path string) bool {
 	return path == "README.md" || (strings.HasPrefix(path, "docs/") && !strings.HasPrefix(path, "docs/bench/") && !strings.HasPrefix(path, "docs/soak/"))
 }
 
-// commitIDs returns the bare commit ids of s: runs of 7 to 40 lower-case hex digits,
+// commitIDs returns where s has bare commit ids: runs of 7 to 40 lower-case hex digits,
 // with a letter and a digit, standing as words of their own. A run inside a larger
 // token (a Redis key's `.a1b2c3d4`, a `sha256:` value, a pseudo-version's suffix) is
 // not a commit id.
-func commitIDs(s string) []string {
-	var out []string
+func commitIDs(s string) [][]int {
+	var out [][]int
 	for _, loc := range hexRun.FindAllStringIndex(s, -1) {
 		run := s[loc[0]:loc[1]]
 		if len(run) < 7 || len(run) > 40 || run != strings.ToLower(run) || !hasLetter.MatchString(run) || !hasDigit.MatchString(run) {
@@ -389,7 +421,7 @@ func commitIDs(s string) []string {
 				continue
 			}
 		}
-		out = append(out, run)
+		out = append(out, loc)
 	}
 	return out
 }
@@ -403,8 +435,8 @@ func TestNoInternalReferences(t *testing.T) {
 		if !isUserDoc(d.path) {
 			continue
 		}
-		all := append(slices.Clone(d.prose), d.code...)
-		for _, l := range all {
+		for _, l := range append(d.paragraphs(), d.code...) {
+			at := func(off int) string { return d.at(line{l.n + strings.Count(l.text[:off], "\n"), ""}) }
 			urls := url.FindAllStringIndex(l.text, -1)
 			inURL := func(i int) bool {
 				for _, u := range urls {
@@ -416,21 +448,21 @@ func TestNoInternalReferences(t *testing.T) {
 			}
 			for _, m := range issueWord.FindAllStringIndex(l.text, -1) {
 				if !inURL(m[0]) {
-					t.Errorf("%s: %q refers to an issue; say what the product does and why instead", d.at(l), l.text[m[0]:m[1]])
+					t.Errorf("%s: %q refers to an issue; say what the product does and why instead", at(m[0]), l.text[m[0]:m[1]])
 				}
 			}
 			for _, m := range hashRef.FindAllStringIndex(l.text, -1) {
 				if !inURL(m[0]) {
-					t.Errorf("%s: %q looks like an issue reference; link an external project's issue by its URL", d.at(l), l.text[m[0]:m[1]])
+					t.Errorf("%s: %q looks like an issue reference; link an external project's issue by its URL", at(m[0]), l.text[m[0]:m[1]])
 				}
 			}
 			for _, u := range urls {
 				if ownRepo.MatchString(l.text[u[0]:u[1]]) {
-					t.Errorf("%s: %s links tollgate's own issue, pull request or commit", d.at(l), l.text[u[0]:u[1]])
+					t.Errorf("%s: %s links tollgate's own issue, pull request or commit", at(u[0]), l.text[u[0]:u[1]])
 				}
 			}
 			for _, id := range commitIDs(l.text) {
-				t.Errorf("%s: %q looks like a bare commit id; describe the version instead", d.at(l), id)
+				t.Errorf("%s: %q looks like a bare commit id; describe the version instead", at(id[0]), l.text[id[0]:id[1]])
 			}
 		}
 	}
@@ -438,7 +470,7 @@ func TestNoInternalReferences(t *testing.T) {
 
 var (
 	inlineLink = regexp.MustCompile(`!?\[[^\]]*\]\(([^)\s]+)(?:\s+"[^"]*")?\)`)
-	refLink    = regexp.MustCompile(`^\s*\[[^\]]+\]:\s+(\S+)`)
+	refLink    = regexp.MustCompile(`(?m)^\s*\[[^\]]+\]:\s+(\S+)`)
 	scheme     = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*:`)
 	heading    = regexp.MustCompile(`^(#{1,6})\s+(.*?)\s*#*\s*$`)
 	htmlAnchor = regexp.MustCompile(`<a\s+(?:id|name)="([^"]+)"`)
@@ -492,17 +524,18 @@ func TestRelativeLinksResolve(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
 	for _, d := range readDocs(t, root) {
-		for _, l := range d.prose {
-			text := codeSpan.ReplaceAllString(l.text, "")
-			var targets []string
-			for _, m := range inlineLink.FindAllStringSubmatch(text, -1) {
-				targets = append(targets, m[1])
-			}
-			if m := refLink.FindStringSubmatch(text); m != nil {
-				targets = append(targets, m[1])
-			}
-			for _, target := range targets {
-				target = strings.Trim(target, "<>")
+		for _, p := range d.paragraphs() {
+			// Code spans are not links; blanking them keeps the line breaks where they were.
+			p.text = codeSpan.ReplaceAllStringFunc(p.text, func(s string) string {
+				return strings.Map(func(r rune) rune {
+					if r == '\n' {
+						return r
+					}
+					return ' '
+				}, s)
+			})
+			for _, l := range append(find(p, inlineLink, 1), find(p, refLink, 1)...) {
+				target := strings.Trim(l.text, "<>")
 				if scheme.MatchString(target) {
 					continue
 				}
