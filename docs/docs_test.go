@@ -6,15 +6,13 @@
 //   - every flag given to the decision service (lambda/limiter) or the authorizer
 //     (lambda/authorizer) exists in that binary's flag set, read from the built binary's
 //     --help;
-//   - the pages written by hand (all but the generated reports) carry no issue
-//     references and no bare commit ids: they say what the product does, not which
-//     ticket or commit made it;
+//   - they carry no issue references and no bare commit ids: they say what the product
+//     does, not which ticket or commit made it;
 //   - every relative link resolves to a file, and an anchor into a Markdown file to one
 //     of its headings.
 //
-// The reports under docs/bench/ and docs/soak/ are written by `make bench`,
-// `make bench-erl` and `make soak`: the checks of links, targets and flags cover them
-// too, the check of references only the pages written by hand.
+// The reports kept under docs/bench/ and docs/soak/ come from `make bench`,
+// `make bench-erl` and `make soak`; a report copied there is checked like any page.
 package docs_test
 
 import (
@@ -393,13 +391,6 @@ var (
 	hasDigit  = regexp.MustCompile(`[0-9]`)
 )
 
-// isUserDoc reports whether path is written by hand for users: README.md and every page
-// under docs/ but the reports that `make bench`, `make bench-erl` and `make soak` write
-// (docs/bench/, docs/soak/), whose text comes from their generators.
-func isUserDoc(path string) bool {
-	return path == "README.md" || (strings.HasPrefix(path, "docs/") && !strings.HasPrefix(path, "docs/bench/") && !strings.HasPrefix(path, "docs/soak/"))
-}
-
 // commitIDs returns where s has bare commit ids: runs of 7 to 40 lower-case hex digits,
 // with a letter and a digit, standing as words of their own. A run inside a larger
 // token (a Redis key's `.a1b2c3d4`, a `sha256:` value, a pseudo-version's suffix) is
@@ -432,9 +423,6 @@ func TestNoInternalReferences(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
 	for _, d := range readDocs(t, root) {
-		if !isUserDoc(d.path) {
-			continue
-		}
 		for _, l := range append(d.paragraphs(), d.code...) {
 			at := func(off int) string { return d.at(line{l.n + strings.Count(l.text[:off], "\n"), ""}) }
 			urls := url.FindAllStringIndex(l.text, -1)
