@@ -444,7 +444,7 @@ func (h *handler) state(w http.ResponseWriter, r *http.Request) {
 		h.writeEngineError(w, err)
 		return
 	}
-	sr := StateResponse{Domain: req.Domain, Check: Response(req.Domain, v), Keys: plan.Keys()}
+	sr := StateResponse{Domain: req.Domain, Check: Response(req.Domain, v), Keys: plan.Check().Keys}
 	for _, it := range plan.Items {
 		ls := LimitState{Key: it.Key}
 		if it.Meter.Record != "" || it.Meter.Algorithm().CanRecord() {

@@ -134,14 +134,6 @@ type Verdict struct {
 	deciding int // the index in Limits of the deciding limit
 }
 
-// Deciding returns the deciding limit's result; false when no limit decided.
-func (v Verdict) Deciding() (LimitResult, bool) {
-	if v.Rule == "" || v.deciding >= len(v.Limits) {
-		return LimitResult{}, false
-	}
-	return v.Limits[v.deciding], true
-}
-
 // MostRestrictive returns the index in v.Limits of the most restrictive non-shadow
 // limit among those in reports true for, or -1: for a front door that answers per
 // group of limits (an Envoy descriptor).
@@ -399,10 +391,9 @@ func (e *Engine) Health(ctx context.Context) []breaker.Status {
 	return e.Breakers()
 }
 
-// ValidateRequest reports a caller's mistake in r, wrapping ErrBadRequest and naming
-// the field: an unknown domain, or a request past the bounds of package bounds.
-func (e *Engine) ValidateRequest(r Request) error { return validate(e.Policy(), r) }
-
+// validate reports a caller's mistake in r, wrapping ErrBadRequest and naming the
+// field: an unknown domain, or a request past the bounds of package bounds. It is
+// the one check of a request's bounds, for every front door.
 func validate(pol *policy.Policy, r Request) error {
 	if r.Domain != pol.Domain {
 		return fmt.Errorf("%w %q: this service decides domain %q", ErrUnknownDomain, r.Domain, pol.Domain)
@@ -471,15 +462,6 @@ func (p Plan) Check() algo.Check {
 		c.Keys[i], c.Meters[i] = it.Key, it.Meter
 	}
 	return c
-}
-
-// Keys returns the store key of each item.
-func (p Plan) Keys() []string {
-	keys := make([]string, len(p.Items))
-	for i, it := range p.Items {
-		keys[i] = it.Key
-	}
-	return keys
 }
 
 // Join returns one plan that decides ps together, all-or-nothing, with each store key
