@@ -570,8 +570,6 @@ func command(ctx context.Context, getenv func(string) string, args []string, std
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		switch args[0] {
 		case "policy":
-			// explain --redis reports a Redis it cannot reach in its own words.
-			redis.SetLogger(redisLogger{slog.New(slog.DiscardHandler)})
 			return policyCommand(ctx, args[1:], stdout)
 		case "help":
 			if len(args) > 1 && args[1] == "policy" {
@@ -597,7 +595,8 @@ func command(ctx context.Context, getenv func(string) string, args []string, std
 	log := slog.New(slog.NewJSONHandler(stderr, nil))
 	if err == nil {
 		// go-redis logs through a package-level logger, in plain text on stderr unless
-		// it is given one: the service's log is JSON only.
+		// it is given one: the service's log is JSON only. (Only the process that
+		// serves sets it, so tests running command in parallel do not race on it.)
 		redis.SetLogger(redisLogger{log})
 		tuneGC(getenv)
 		sctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
