@@ -207,8 +207,8 @@ func explain(ctx context.Context, args []string, out io.Writer) error {
 			note = " (shadow: reported, never denies)"
 		}
 		fmt.Fprintf(out, "rule %s: applies%s\n", r.Name, note)
-		for ; i < len(plan.Rules) && plan.Rules[i] == r; i++ {
-			key, m := plan.Check.Keys[i], plan.Check.Meters[i]
+		for ; i < len(plan.Items) && plan.Items[i].Rule == r; i++ {
+			key, m := plan.Items[i].Key, plan.Items[i].Meter
 			fmt.Fprintf(out, "  key %s (slot %d)\n", key, algo.Slot(key))
 			for _, l := range m.Limits {
 				fmt.Fprintf(out, "    %s", l)
@@ -220,13 +220,13 @@ func explain(ctx context.Context, args []string, out io.Writer) error {
 			}
 		}
 	}
-	if len(plan.Rules) == 0 {
+	if len(plan.Items) == 0 {
 		fmt.Fprintln(out, "no rule applies: the request is allowed without a limit")
 	}
 	if plan.KeyRequired {
 		fmt.Fprintln(out, "an API key is required: only rules keyed on api_key could limit this request (the authorizer answers 401)")
 	}
-	if *url == "" && len(plan.Rules) > 0 {
+	if *url == "" && len(plan.Items) > 0 {
 		fmt.Fprintln(out, "(with --redis URL, each limit's current state is shown)")
 	}
 	return nil
