@@ -45,7 +45,7 @@ func TestCommandLine(t *testing.T) {
 		{"policy check -h after a file", []string{"policy", "check", policyFile, "-h"}, 0, []string{"limiter policy check FILE"}, nil, true},
 		{"policy check with an unknown flag", []string{"policy", "check", "--strict", policyFile}, 2, []string{"flag provided but not defined: -strict", "limiter policy check FILE"}, nil, true},
 		{"policy check without a file", []string{"policy", "check"}, 2, []string{"name at least one policy file"}, nil, true},
-		{"policy explain --help", []string{"policy", "explain", "--help"}, 0, []string{"limiter policy explain [--redis URL]"}, nil, true},
+		{"policy explain --help", []string{"policy", "explain", "--help"}, 0, []string{"limiter policy explain [--redis URL]", "  --redis URL\n", "  --cluster\n"}, nil, true},
 		{"policy explain, flags after the file", []string{"policy", "explain", policyFile, "--cluster", "api_key=k", "path=/login"}, 0,
 			[]string{`domain public-api, request api_key="k" path="/login"`, "rule per-key: applies"}, nil, true},
 		{"policy explain, words after --", []string{"policy", "explain", "--", policyFile, "api_key=k"}, 0, []string{"rule per-key: applies"}, nil, true},

@@ -660,6 +660,13 @@ func printUsage(w io.Writer) {
 	c := config{Listen: defaultListen, PolicyPoll: defaultPolicyPoll, Batch: true, Server: defaultServerLimits}
 	fs := flag.NewFlagSet("limiter", flag.ContinueOnError)
 	c.flags(fs)
+	printFlags(w, fs)
+	fmt.Fprint(w, envOnly)
+}
+
+// printFlags writes each of fs's flags, its value's name and its default, then its
+// usage on the next line.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
 	fs.VisitAll(func(f *flag.Flag) {
 		name, text := flag.UnquoteUsage(f)
 		if name != "" {
@@ -673,7 +680,6 @@ func printUsage(w io.Writer) {
 		}
 		fmt.Fprintf(w, "  --%s%s%s\n      %s\n", f.Name, name, def, text)
 	})
-	fmt.Fprint(w, envOnly)
 }
 
 // gcPercent is the collector's target when GOGC is not set. The service's live heap

@@ -40,7 +40,7 @@ func policyCommand(ctx context.Context, args []string, out io.Writer) int {
 	switch args[0] {
 	case "check":
 		var files []string
-		files, err = parseInterleaved(policyFlags("check", out), args[1:])
+		files, err = parseInterleaved(policyFlags("check"), args[1:])
 		if err == nil && len(files) == 0 {
 			err = usageError{errors.New("policy check: name at least one policy file")}
 		}
@@ -62,6 +62,10 @@ func policyCommand(ctx context.Context, args []string, out io.Writer) int {
 		return 0
 	case errors.Is(err, flag.ErrHelp):
 		fmt.Fprint(out, policyUsage)
+		if args[0] == "explain" {
+			fmt.Fprintln(out, "\nflags of policy explain:")
+			printFlags(out, explainFlags(new(string), new(bool)))
+		}
 		return 0
 	case errors.As(err, &ve):
 		fmt.Fprintln(out, err)
@@ -75,9 +79,17 @@ func policyCommand(ctx context.Context, args []string, out io.Writer) int {
 }
 
 // policyFlags is the flag set of `limiter policy NAME`, writing nothing itself.
-func policyFlags(name string, out io.Writer) *flag.FlagSet {
+func policyFlags(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("policy "+name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
+	return fs
+}
+
+// explainFlags is the flag set of `limiter policy explain`, setting url and cluster.
+func explainFlags(url *string, cluster *bool) *flag.FlagSet {
+	fs := policyFlags("explain")
+	fs.StringVar(url, "redis", "", "read each limit's current state, never charging it, from the Redis at `URL` (the service logs its embedded Redis's URL at start)")
+	fs.BoolVar(cluster, "cluster", false, "the Redis is a Redis Cluster")
 	return fs
 }
 
@@ -124,9 +136,8 @@ func checkPolicies(files []string, out io.Writer) int {
 
 // explain prints what the policy in args' file does with the request args describe.
 func explain(ctx context.Context, args []string, out io.Writer) error {
-	fs := policyFlags("explain", out)
-	url := fs.String("redis", "", "a Redis to read the limits' current state from (never charged)")
-	cluster := fs.Bool("cluster", false, "the Redis is a cluster")
+	url, cluster := new(string), new(bool)
+	fs := explainFlags(url, cluster)
 	words, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
