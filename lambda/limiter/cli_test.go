@@ -74,6 +74,14 @@ func TestCommandLine(t *testing.T) {
 			}
 		})
 	}
+	t.Run("--help with a bad variable", func(t *testing.T) {
+		t.Parallel()
+		var stdout, stderr bytes.Buffer
+		code := command(context.Background(), env(map[string]string{"TOLLGATE_BATCH": "sometimes"}), []string{"--help"}, &stdout, &stderr)
+		if code != 0 || !strings.Contains(stdout.String(), "--listen ADDR") {
+			t.Errorf("limiter --help with TOLLGATE_BATCH=sometimes = exit %d, stdout %q, stderr %q; want 0 and the usage", code, &stdout, &stderr)
+		}
+	})
 }
 
 // freeAddr returns a loopback address nothing listens on (at the time of the call).

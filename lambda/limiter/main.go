@@ -582,11 +582,12 @@ func command(ctx context.Context, getenv func(string) string, args []string, std
 		printUsage(stderr)
 		return 2
 	}
-	c, err := loadConfig(getenv, args)
-	if errors.Is(err, flag.ErrHelp) {
+	// Help, even when a variable is wrong.
+	if errors.Is(defaultFlags().Parse(args), flag.ErrHelp) {
 		printUsage(stdout)
 		return 0
 	}
+	c, err := loadConfig(getenv, args)
 	if _, ok := errors.AsType[usageError](err); ok {
 		fmt.Fprintf(stderr, "limiter: %v\n\n", err)
 		printUsage(stderr)
@@ -657,11 +658,37 @@ environment only:
 // environment variable and default, and the settings only the environment sets.
 func printUsage(w io.Writer) {
 	fmt.Fprint(w, usage)
+	printFlags(w, defaultFlags())
+	fmt.Fprint(w, envOnly)
+}
+
+// wrap breaks text into lines of at most width bytes (a longer word stands alone),
+// each starting with indent and ending with a newline.
+func wrap(text, indent string, width int) string {
+	var b strings.Builder
+	line := indent
+	for _, w := range strings.Fields(text) {
+		if line != indent && len(line)+1+len(w) > width {
+			b.WriteString(line + "\n")
+			line = indent
+		}
+		if line != indent {
+			line += " "
+		}
+		line += w
+	}
+	b.WriteString(line + "\n")
+	return b.String()
+}
+
+// defaultFlags is the service's flag set with the defaults of an empty environment,
+// writing nothing itself.
+func defaultFlags() *flag.FlagSet {
 	c := config{Listen: defaultListen, PolicyPoll: defaultPolicyPoll, Batch: true, Server: defaultServerLimits}
 	fs := flag.NewFlagSet("limiter", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
 	c.flags(fs)
-	printFlags(w, fs)
-	fmt.Fprint(w, envOnly)
+	return fs
 }
 
 // printFlags writes each of fs's flags, its value's name and its default, then its
@@ -678,7 +705,7 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 		default:
 			def = " (default " + f.DefValue + ")"
 		}
-		fmt.Fprintf(w, "  --%s%s%s\n      %s\n", f.Name, name, def, text)
+		fmt.Fprintf(w, "  --%s%s%s\n%s", f.Name, name, def, wrap(text, "      ", 86))
 	})
 }
 
