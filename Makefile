@@ -19,7 +19,7 @@ demo:
 	@dist/limiter-local --listen 127.0.0.1:18089 --policy $(POLICY) 2>dist/demo-service.log & pid=$$!; \
 	trap "kill $$pid 2>/dev/null" EXIT; \
 	for i in $$(seq 50); do curl -fs http://127.0.0.1:18089/healthz >/dev/null 2>&1 && break; sleep 0.1; done; \
-	$(GO) run ./scripts/demo --url http://127.0.0.1:18089
+	$(GO) -C scripts run ./demo --url http://127.0.0.1:18089
 
 ## test: the whole suite: vet, race-enabled tests on real redis-server, the wasip1 build, the filter's benchmarks briefly, Terraform checks
 test: deps lint wasm-check test-go bench-filter bench-core tf-check
@@ -28,35 +28,38 @@ test: deps lint wasm-check test-go bench-filter bench-core tf-check
 deps:
 	scripts/deps.sh
 
+## test-go: the product's tests, then the developer tools' (scripts/ is a module of its own, which ./... does not reach)
 test-go: deps
 	$(GO) test -race -count=1 -timeout 15m ./...
+	$(GO) -C scripts test -race -count=1 -timeout 15m ./...
 
 ## wasm-check: shared/algo and shared/memstore compile for GOOS=wasip1, and the filter builds as the plugin Envoy loads
 wasm-check:
 	GOOS=wasip1 GOARCH=wasm $(GO) build -o /dev/null ./shared/algo/... ./shared/memstore/...
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -o /dev/null ./wasmfilter/
 
-## lint: gofmt and go vet
+## lint: gofmt and go vet, of the product and of the tools module (scripts/)
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) -C scripts vet ./...
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
-## bench: side-by-side benchmarks (tollgate, redis_rate, the EVALSHA ceiling) and the Envoy filter's cost in wazero; report in dist/bench/
+## bench: side-by-side benchmarks (tollgate, redis_rate, the EVALSHA ceiling) and the Envoy filter's cost in wazero; report in dist/bench/ (flags: make bench BENCH_FLAGS='-quick')
 bench:
-	$(GO) run ./scripts/bench
+	$(GO) -C scripts run ./bench $(BENCH_FLAGS)
 
 ## bench-erl: tollgate's gRPC service beside envoyproxy/ratelimit (built from the module proxy) on one redis-server; report in dist/bench/erl.md
 bench-erl: deps
-	$(GO) run ./scripts/bench-erl
+	$(GO) -C scripts run ./bench-erl $(BENCH_ERL_FLAGS)
 
 ## soak: the decision service under mixed load for SOAK_DURATION (default 10m), a policy reload and a Redis restart in the middle; report in docs/soak/report.md (not part of make test)
 SOAK_DURATION ?= 10m
 soak: deps
-	$(GO) run ./scripts/soak -duration $(SOAK_DURATION) -report docs/soak/report.md
+	$(GO) -C scripts run ./soak -duration $(SOAK_DURATION) -report docs/soak/report.md
 
 ## bench-core: the benchmarks that guard the core's speed tricks (named in their comments), 200 times each, so they keep running in CI
 bench-core:
