@@ -225,7 +225,8 @@ func waitServing(s *subject) error {
 }
 
 // round drives s at concurrency c for d after a short warmup, reading the
-// processes' CPU time and Redis's INFO on either side of the measured window.
+// processes' CPU time and Redis's INFO on either side of the measured window, while
+// no decision is in flight.
 func round(ctx context.Context, s *subject, rc *redis.Client, c int, d time.Duration) (result, error) {
 	client := rlsv3.NewRateLimitServiceClient(s.conn)
 	run := load.Start(ctx, load.Options{Workers: c, Clients: clients}, func(ctx context.Context, _, i int) error {
@@ -233,6 +234,7 @@ func round(ctx context.Context, s *subject, rc *redis.Client, c int, d time.Dura
 		return err
 	})
 	time.Sleep(300 * time.Millisecond)
+	run.Hold()
 	cpu0, ccpu0 := procCPU(s.cmd.Process.Pid), procCPU(os.Getpid())
 	redis0, err0 := redisinfo.Read(ctx, rc)
 	run.Measure()

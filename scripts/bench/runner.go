@@ -70,17 +70,20 @@ type sample struct {
 }
 
 // runRound runs o with conc workers for warmup, then measures it for d: the Redis
-// figures and the heap's allocations are read on either side of the window.
+// figures and the heap's allocations are read on either side of the window, while
+// no decision is in flight.
 func runRound(ctx context.Context, rc redis.UniversalClient, o op, clients, conc int, d, warmup time.Duration) (sample, error) {
 	var sm sample
 	run := load.Start(ctx, load.Options{Workers: conc, Clients: clients}, func(ctx context.Context, _, i int) error { return o(ctx, i) })
 	time.Sleep(warmup)
+	run.Hold()
+	runtime.GC()
+	// The heap is read last, so that the INFO reply's allocations stay out of it.
 	var err error
 	if sm.before, err = readRedisStats(ctx, rc); err != nil {
 		run.Stop()
 		return sm, err
 	}
-	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
 	run.Measure()

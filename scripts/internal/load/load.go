@@ -3,20 +3,22 @@
 // a measured window inside the run, and what the window saw: calls, errors, the rate
 // and a latency histogram.
 //
-// A tool starts the workers, lets them warm up, reads whatever it brackets the window
-// with (Redis's INFO, a process's CPU time, the heap), calls Measure, waits, calls Stop
-// and reads again:
+// A tool starts the workers and lets them warm up; Hold parks them with no call in
+// flight while the tool reads whatever it brackets the window with (Redis's INFO, a
+// process's CPU time, the heap); Measure opens the window and lets them go; Stop
+// closes it and waits for the calls in flight, and the tool reads again:
 //
 //	run := load.Start(ctx, load.Options{Workers: 8, Clients: 10000}, op)
 //	time.Sleep(warmup)
+//	run.Hold()
 //	before := read()
 //	run.Measure()
 //	time.Sleep(d)
 //	res := run.Stop()
 //	after := read()
 //
-// A call counts when it starts inside the window; Stop waits for the counted calls
-// still in flight, so a reading after Stop includes all their work.
+// The readings then bracket exactly the calls the window counts: those that started
+// inside it. Without Hold, calls in flight at Measure straddle the first reading.
 package load
 
 import (
@@ -51,6 +53,12 @@ type Run struct {
 	from                time.Time
 	wg                  sync.WaitGroup
 	workers             []worker
+	// holding asks the workers to park; mu and parked (the cond on mu) guard
+	// held, how many have, and live, how many have not returned.
+	holding    atomic.Bool
+	mu         sync.Mutex
+	parked     *sync.Cond
+	held, live int
 	// latency is the result's histogram, made at Start so that Stop allocates next
 	// to nothing: a tool that reads the heap after Stop sees the calls' allocations.
 	latency *hdrhistogram.Histogram
@@ -69,7 +77,8 @@ type worker struct {
 // until ctx is done.
 func Start(ctx context.Context, o Options, op Op) *Run {
 	n := max(1, o.Workers)
-	r := &Run{workers: make([]worker, n), latency: NewHistogram()}
+	r := &Run{workers: make([]worker, n), latency: NewHistogram(), live: n}
+	r.parked = sync.NewCond(&r.mu)
 	for w := range r.workers {
 		r.workers[w].latency = NewHistogram()
 		r.wg.Go(func() { r.work(ctx, o.Clients, w, op) })
@@ -84,7 +93,17 @@ func (r *Run) work(ctx context.Context, clients, w int, op Op) {
 	if clients > 0 {
 		i %= clients
 	}
+	defer func() {
+		r.mu.Lock()
+		r.live--
+		r.parked.Broadcast()
+		r.mu.Unlock()
+	}()
 	for !r.stopping.Load() && ctx.Err() == nil {
+		if r.holding.Load() {
+			r.park()
+			continue
+		}
 		counted := r.measuring.Load()
 		t0 := time.Now()
 		err := op(ctx, w, i)
@@ -105,10 +124,43 @@ func (r *Run) work(ctx context.Context, clients, w int, op Op) {
 	}
 }
 
-// Measure opens the measured window: the calls that start from now on count.
+// park waits, counted among the held workers, until Measure or Stop lets it go.
+func (r *Run) park() {
+	r.mu.Lock()
+	r.held++
+	r.parked.Broadcast()
+	for r.holding.Load() {
+		r.parked.Wait()
+	}
+	r.held--
+	r.mu.Unlock()
+}
+
+// Hold parks the workers: it returns once every worker has ended its call in flight
+// (or returned, its ctx done) and waits for Measure or Stop.
+func (r *Run) Hold() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.holding.Store(true)
+	for r.held < r.live {
+		r.parked.Wait()
+	}
+}
+
+// release lets held workers go.
+func (r *Run) release() {
+	r.mu.Lock()
+	r.holding.Store(false)
+	r.parked.Broadcast()
+	r.mu.Unlock()
+}
+
+// Measure opens the measured window, and lets the workers go if Hold parked them:
+// the calls that start from now on count.
 func (r *Run) Measure() {
 	r.from = time.Now()
 	r.measuring.Store(true)
+	r.release()
 }
 
 // Stop closes the window, stops the workers and waits for their calls in flight.
@@ -118,6 +170,7 @@ func (r *Run) Stop() Result {
 		return *r.result
 	}
 	r.stopping.Store(true)
+	r.release()
 	r.wg.Wait()
 	res := Result{Elapsed: time.Since(r.from), Latency: r.latency}
 	if !r.measuring.Load() {
