@@ -35,7 +35,7 @@ demo:
 	@dist/limiter-local --listen 127.0.0.1:18089 --policy $(POLICY) 2>dist/demo-service.log & pid=$$!; \
 	trap "kill $$pid 2>/dev/null" EXIT; \
 	for i in $$(seq 50); do curl -fs http://127.0.0.1:18089/healthz >/dev/null 2>&1 && break; sleep 0.1; done; \
-	$(GO) run ./scripts/demo --url http://127.0.0.1:18089
+	$(GO) -C scripts run ./demo --url http://127.0.0.1:18089
 
 ## test: the whole suite (8+ minutes): vet, the wasip1 build, the filter's and the core's benchmarks briefly, Terraform checks, then the race-enabled tests on real redis-server, ending with one summary line
 test: deps lint wasm-check bench-filter bench-core tf-check test-go
@@ -44,39 +44,42 @@ test: deps lint wasm-check bench-filter bench-core tf-check test-go
 deps:
 	scripts/deps.sh
 
-## test-go: the Go tests alone (race detector, real redis-server), or those of PKGS=./lambda/limiter/ ...: the output of failures only, then one summary line
+## test-go: the Go tests (race detector, real redis-server) of the product, the deploy checks and the developer tools (scripts/ and deploy/ are modules of their own, which ./... does not reach), or only the product's PKGS=./lambda/limiter/ ...: the output of failures only, then one summary line
 PKGS ?= ./...
 test-go: deps
 	$(GO) -C deploy test -count=1 ./...
-	$(GO) test -json -race -count=1 -timeout 15m $(PKGS) | $(GO) run scripts/testsummary/main.go -label test-go
+	{ $(GO) test -json -race -count=1 -timeout 15m $(PKGS); \
+	  if [ "$(PKGS)" = ./... ]; then $(GO) -C scripts test -json -race -count=1 -timeout 15m ./...; fi; } \
+	  | $(GO) run scripts/testsummary/main.go -label test-go
 
 ## wasm-check: shared/algo and shared/memstore compile for GOOS=wasip1, and the filter builds as the plugin Envoy loads
 wasm-check:
 	GOOS=wasip1 GOARCH=wasm $(GO) build -o /dev/null ./shared/algo/... ./shared/memstore/...
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -o /dev/null ./wasmfilter/
 
-## lint: gofmt and go vet
+## lint: gofmt and go vet, of the product and of the tools module (scripts/)
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) -C scripts vet ./...
 
 ## fmt: gofmt every Go file
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
-## bench: side-by-side benchmarks (tollgate, redis_rate, the EVALSHA ceiling) and the Envoy filter's cost in wazero; report in dist/bench/
+## bench: side-by-side benchmarks (tollgate, redis_rate, the EVALSHA ceiling) and the Envoy filter's cost in wazero; report in dist/bench/ (flags: make bench BENCH_FLAGS='-quick')
 bench:
-	$(GO) run ./scripts/bench
+	$(GO) -C scripts run ./bench $(BENCH_FLAGS)
 
 ## bench-erl: tollgate's gRPC service beside envoyproxy/ratelimit (built from the module proxy) on one redis-server; report in dist/bench/erl.md
 bench-erl: deps
-	$(GO) run ./scripts/bench-erl
+	$(GO) -C scripts run ./bench-erl $(BENCH_ERL_FLAGS)
 
 ## soak: the decision service under mixed load for SOAK_DURATION (default 10m), a policy reload and a Redis restart in the middle; report in docs/soak/report.md (not part of make test)
 SOAK_DURATION ?= 10m
 soak: deps
-	$(GO) run ./scripts/soak -duration $(SOAK_DURATION) -report docs/soak/report.md
+	$(GO) -C scripts run ./soak -duration $(SOAK_DURATION) -report docs/soak/report.md
 
 ## bench-core: the benchmarks that guard the core's speed tricks (named in their comments), 200 times each, so they keep running in CI
 bench-core:
