@@ -68,7 +68,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/lambda"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-dev/tollgate/shared/awsredis"
 	"github.com/tollgate-dev/tollgate/shared/emf"
@@ -83,7 +82,7 @@ const MetricsNamespace = "Tollgate"
 
 func main() {
 	log := newLogger(os.Stderr, slogLevel(os.Getenv("AWS_LAMBDA_LOG_LEVEL")))
-	redis.SetLogger(redisLogger{log})
+	redisstore.UseLogger(log)
 	// aws-lambda-go reports failed invocations with the standard logger.
 	stdlog.SetFlags(0)
 	stdlog.SetOutput(stdlogWriter{log})
@@ -121,13 +120,6 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 	}))
 }
 
-// redisLogger routes go-redis's own messages (failed dials, pool events) into the
-// JSON log, so that every line Lambda sees has a level.
-type redisLogger struct{ log *slog.Logger }
-
-func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.log.WarnContext(ctx, "redis: "+fmt.Sprintf(format, v...))
-}
 
 // stdlogWriter turns the standard logger's lines into JSON log lines at WARN.
 type stdlogWriter struct{ log *slog.Logger }

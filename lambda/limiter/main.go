@@ -29,7 +29,6 @@ import (
 	"google.golang.org/grpc"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-dev/tollgate/lambda"
 
@@ -598,7 +597,7 @@ func command(ctx context.Context, getenv func(string) string, args []string, std
 		// go-redis logs through a package-level logger, in plain text on stderr unless
 		// it is given one: the service's log is JSON only. (Only the process that
 		// serves sets it, so tests running command in parallel do not race on it.)
-		redis.SetLogger(redisLogger{log})
+		redisstore.UseLogger(log)
 		tuneGC(getenv)
 		sctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 		err = serveConfig(sctx, c, log)
@@ -609,14 +608,6 @@ func command(ctx context.Context, getenv func(string) string, args []string, std
 		return 1
 	}
 	return 0
-}
-
-// redisLogger writes go-redis's log lines (a pool that cannot dial, say) to the
-// service's log, at level WARN.
-type redisLogger struct{ log *slog.Logger }
-
-func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.log.WarnContext(ctx, strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "), "from", "go-redis")
 }
 
 // usage is the limiter's help, before its flags.
