@@ -985,8 +985,18 @@ func (d *decoder) limit(n *yaml.Node, path string) (l algo.Limit, record string,
 					l, rateBad = algo.NewCalendarLimit(c, unit, zone), false
 					l.Algorithm = a
 				}
-			} else if c, p, err := algo.ParseRate(s); err != nil {
+			} else if c, p, unit, err := algo.ParseQuota(s); err != nil {
 				d.fieldErrors(v, path, err)
+			} else if p == 0 {
+				// COUNT/week and COUNT/month without calendar: the calendar's windows in UTC.
+				if l.Algorithm.Valid() && l.Algorithm != algo.FixedWindow {
+					days := map[algo.CalendarUnit]string{algo.CalendarWeek: "7day", algo.CalendarMonth: "30day"}[unit]
+					d.addf(v, f.at("rate"), "%s: a %s is a window of the calendar, which only fixed_window counts; use algorithm: fixed_window, or a period in days such as %d/%s", quote(s), unit, c, days)
+				} else {
+					a := l.Algorithm
+					l, rateBad = algo.NewCalendarLimit(c, unit, time.UTC), false
+					l.Algorithm = a
+				}
 			} else {
 				l.Count, l.Period, rateBad = c, p, false
 			}
@@ -1053,8 +1063,7 @@ func calendarRate(s string) (int64, algo.CalendarUnit, error) {
 	if !ok || err != nil || n < 1 {
 		return 0, "", errors.New("want COUNT/day, COUNT/week or COUNT/month, e.g. 10000/month")
 	}
-	switch unit := algo.CalendarUnit(strings.TrimSpace(u)); unit {
-	case algo.CalendarDay, algo.CalendarWeek, algo.CalendarMonth:
+	if _, _, unit, err := algo.ParseQuota(s); err == nil && unit != "" && strings.TrimSpace(u) != "" {
 		return n, unit, nil
 	}
 	return 0, "", errors.New("a calendar window is a day, a week or a month: write COUNT/day, COUNT/week or COUNT/month")

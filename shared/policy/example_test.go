@@ -54,7 +54,7 @@ rules:
 	fmt.Println(err)
 	// Output:
 	// policy: 4 problems:
-	//	rules[0].limits[0].rate: "5/x": unknown unit "x"; use ms, s, min, h or day (line 6)
+	//	rules[0].limits[0].rate: "5/x": unknown unit "x"; use ms, s, min, h, day, week or month (line 6)
 	//	rules[0].limits[0].burst: "10": sliding_log has no burst; remove it or use token_bucket, gcra or leaky_bucket (line 6)
 	//	rules[1].name: "per-key" is used by rules[0]; rule names must be unique (line 7)
 	//	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas (line 9)

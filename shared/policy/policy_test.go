@@ -314,7 +314,7 @@ func TestValidation(t *testing.T) {
 		{"repeated field", "domain: d\ndomain: e\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
 			[]string{"domain: appears twice (first on line 1); remove one"}},
 		{"bad rate unit", "domain: d\nrules:\n- {name: a, limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: b, limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: c, limits: [{algorithm: fixed_window, rate: 10/x}]}\n",
-			[]string{`rules[2].limits[0].rate: "10/x": unknown unit "x"; use ms, s, min, h or day`}},
+			[]string{`rules[2].limits[0].rate: "10/x": unknown unit "x"; use ms, s, min, h, day, week or month`}},
 		{"bad rate form", rule("{algorithm: gcra, rate: 100}"),
 			[]string{`rules[0].limits[0].rate: "100": want COUNT/PERIOD, e.g. "100/s", "5/10s", "30/min"`}},
 		{"zero count", rule("{algorithm: gcra, rate: 0/s}"),
@@ -458,7 +458,7 @@ func TestValidationErrorMessage(t *testing.T) {
 	in := "domain: d\nrules:\n- {name: a, limits: [{algorithm: gcra, rate: 1/x}]}\n- {name: a, limits: [{algorithm: gcra, rate: 1/s, colour: red}]}\n"
 	_, err := policy.Parse([]byte(in))
 	want := `policy: 3 problems:
-	rules[0].limits[0].rate: "1/x": unknown unit "x"; use ms, s, min, h or day (line 3)
+	rules[0].limits[0].rate: "1/x": unknown unit "x"; use ms, s, min, h, day, week or month (line 3)
 	rules[1].name: "a" is used by rules[0]; rule names must be unique (line 4)
 	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas (line 4)`
 	if err == nil || err.Error() != want {
