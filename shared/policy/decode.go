@@ -59,7 +59,7 @@ var (
 	identityFields  = []string{"trusted_proxies", "ipv6_prefix"}
 	denyCacheFields = []string{"enabled", "max_entries"}
 	ruleFields      = []string{"name", "match", "limits", "unlimited", "replaces", "shadow"}
-	limitFields     = []string{"algorithm", "rate", "burst", "bucket", "record", "calendar", "lease", "replicas"}
+	limitFields     = []string{"algorithm", "rate", "burst", "bucket", "record", "calendar", "lease", "replicas", "counter"}
 	leaseFields     = []string{"units", "for"}     // lease: see Lease and decoder.lease
 	replicasFields  = []string{"count", "timeout"} // replicas: see decoder.replicas
 	calendarFields  = []string{"timezone"}
@@ -89,6 +89,7 @@ type decoder struct {
 	dropped  int   // problems beyond the 10*maxProblems kept while walking
 	visits   int
 	over     bool // maxVisits reached; the walk stops
+	counters []counterUse // every limit's counter field, for checkCounters
 }
 
 func (d *decoder) add(n *yaml.Node, path, msg string) {
@@ -209,6 +210,7 @@ func (d *decoder) parse(data []byte) *Policy {
 	p.Plans = d.plans(f.get("plans"))
 	if n := f.need("rules", "list the rules, each with a name, a match and limits"); n != nil {
 		d.rules(n, "rules", p)
+		d.checkCounters(p)
 	}
 
 	if shardNode != nil && len(p.Rules) > 0 {
@@ -858,6 +860,7 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 			r.Records = append(r.Records, rec)
 			r.addLease(j, d.lease(lf, l, rec, r.Shadow)) // lease: see decoder.lease
 			r.Replicas = addPer(r.Replicas, j, d.replicas(lf))
+			r.Counters = addPer(r.Counters, j, d.counter(lf, l, r, path, j)) // counter: see continuity.go
 			limitNodes = append(limitNodes, d.node(ln))
 			if d.over {
 				return r, nameNode
