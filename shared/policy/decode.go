@@ -89,7 +89,8 @@ type decoder struct {
 	dropped  int   // problems beyond the 10*maxProblems kept while walking
 	visits   int
 	over     bool // maxVisits reached; the walk stops
-	counters []counterUse // every limit's counter field, for checkCounters
+
+	counters []counterUse // every limit's counter field, for checkCounters (continuity.go)
 }
 
 func (d *decoder) add(n *yaml.Node, path, msg string) {
