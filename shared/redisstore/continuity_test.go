@@ -222,3 +222,37 @@ func changed(r *rand.Rand, m algo.Meter) algo.Meter {
 	}
 	return m
 }
+
+// TestCounterAcrossPlans moves a key from the free rule to the pro rule, whose
+// monthly limits share a counter, on a real redis-server and on the Go model: the
+// month's count goes with it (9,999 used of 10,000 on free leaves 90,001 of 100,000
+// on pro), and back on free the key is over its limit at once.
+func TestCounterAcrossPlans(t *testing.T) {
+	srv := redistest.StartServer(t)
+	rs, err := redisstore.New(srv.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stores := [2]decider{rs, memstore.New(0, nil)}
+	doc := `domain: d
+shard_by: api_key
+rules:
+  - {name: free, match: {api_key: "*", plan: free}, limits: [{algorithm: fixed_window, rate: 10000/month, counter: monthly}]}
+  - {name: pro, match: {api_key: "*", plan: pro}, limits: [{algorithm: fixed_window, rate: 100000/month, counter: monthly}]}
+`
+	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC).UnixMicro()
+	free, pro := map[string]string{"api_key": "k1", "plan": "free"}, map[string]string{"api_key": "k1", "plan": "pro"}
+	if ok, d := reloaded(t, stores, doc, free, 9999, now); !ok || d.Remaining != 1 {
+		t.Fatalf("9,999 on free: allowed %v, remaining %d, want true, 1", ok, d.Remaining)
+	}
+	if ok, d := reloaded(t, stores, doc, pro, 1, now+1); !ok || d.Remaining != 90000 {
+		t.Fatalf("one more on pro: allowed %v, remaining %d, want true, 90000", ok, d.Remaining)
+	}
+	if ok, d := reloaded(t, stores, doc, free, 1, now+2); ok || d.Remaining != 0 {
+		t.Fatalf("back on free after 10,000: allowed %v, remaining %d, want false, 0", ok, d.Remaining)
+	}
+	other := map[string]string{"api_key": "k2", "plan": "free"}
+	if ok, d := reloaded(t, stores, doc, other, 1, now+3); !ok || d.Remaining != 9999 {
+		t.Fatalf("another key on free: allowed %v, remaining %d, want true, 9999", ok, d.Remaining)
+	}
+}
