@@ -23,4 +23,5 @@ if [[ $# -eq 0 ]]; then
 	fi
 	set -- "$EVENT"
 fi
-exec "${GO:-go}" run ./scripts/invoke "${args[@]}" "$@"
+# The tools are a module of their own (scripts/go.mod); invoke reads paths from the root.
+exec "${GO:-go}" -C scripts run ./invoke "${args[@]}" "$@"

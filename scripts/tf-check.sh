@@ -8,6 +8,10 @@
 # one is found on the machine, else from the registry. Everything Terraform
 # writes (data dirs, plans, placeholder zips) goes to a temporary directory;
 # the only files left in the tree are the gitignored .terraform.lock.hcl.
+#
+# It is quiet unless a step fails: each step's output (without colour codes) goes
+# to a log that is printed when a step fails, and a success is one line with the
+# test and plan counts. TF_CHECK_VERBOSE=1 prints everything as it runs.
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,12 +28,30 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/tf-check.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-# run prints a command exactly as it runs it, then runs it.
+log=$work/log
+: >"$log"
+
+# run writes a command, exactly as it runs it, and its output to the log (and to
+# stdout with TF_CHECK_VERBOSE=1); when it fails, it prints the whole log and exits.
 run() {
-	printf '+'
-	printf ' %q' "$@"
-	printf '\n'
-	"$@"
+	{
+		printf '+'
+		printf ' %q' "$@"
+		printf '\n'
+	} >>"$log"
+	local status=0
+	if [[ ${TF_CHECK_VERBOSE:-} == 1 ]]; then
+		"$@" 2>&1 | tee -a "$log" || status=$?
+	else
+		"$@" >>"$log" 2>&1 || status=$?
+	fi
+	if ((status != 0)); then
+		if [[ ${TF_CHECK_VERBOSE:-} != 1 ]]; then
+			cat "$log"
+		fi
+		echo "tf-check: FAILED (exit status $status): $*" >&2
+		exit 1
+	fi
 }
 
 # Provider installation: a filesystem mirror if there is one.
@@ -53,28 +75,28 @@ provider_installation {
 }
 EOF
 	export TF_CLI_CONFIG_FILE=$work/terraformrc
-	echo "tf-check: providers from the filesystem mirror $mirror"
+	echo "tf-check: providers from the filesystem mirror $mirror" >>"$log"
 elif [[ -n ${TF_CLI_CONFIG_FILE:-} && ! -f $TF_CLI_CONFIG_FILE ]]; then
 	# A CLI config variable naming a missing file only produces warnings.
 	unset TF_CLI_CONFIG_FILE
-	echo "tf-check: providers from the registry"
+	echo "tf-check: providers from the registry" >>"$log"
 else
-	echo "tf-check: providers from the registry"
+	echo "tf-check: providers from the registry" >>"$log"
 fi
 
 export TF_IN_AUTOMATION=1
 export TF_INPUT=0
 
-run terraform fmt -check -recursive -diff "$module"
+run terraform fmt -no-color -check -recursive -diff "$module"
 
 # Module: init, validate, test (mock provider, plan-only runs).
-run env TF_DATA_DIR="$work/module" terraform -chdir="$module" init -backend=false
-run env TF_DATA_DIR="$work/module" terraform -chdir="$module" validate
-run env TF_DATA_DIR="$work/module" terraform -chdir="$module" test
+run env TF_DATA_DIR="$work/module" terraform -chdir="$module" init -no-color -backend=false
+run env TF_DATA_DIR="$work/module" terraform -chdir="$module" validate -no-color
+run env TF_DATA_DIR="$work/module" terraform -chdir="$module" test -no-color
 
 # Example: init, validate, and an offline plan with placeholder packages.
-run env TF_DATA_DIR="$work/example" terraform -chdir="$example" init -backend=false
-run env TF_DATA_DIR="$work/example" terraform -chdir="$example" validate
+run env TF_DATA_DIR="$work/example" terraform -chdir="$example" init -no-color -backend=false
+run env TF_DATA_DIR="$work/example" terraform -chdir="$example" validate -no-color
 
 # The plan hashes the zips, so they must exist: tiny placeholders stand in for
 # the output of `make package`.
@@ -98,10 +120,13 @@ run env -u AWS_PROFILE -u AWS_SESSION_TOKEN \
 	AWS_CONFIG_FILE=/dev/null \
 	AWS_SHARED_CREDENTIALS_FILE=/dev/null \
 	AWS_EC2_METADATA_DISABLED=true \
-	terraform -chdir="$example" plan -refresh=false -lock=false \
+	terraform -chdir="$example" plan -no-color -refresh=false -lock=false \
 	-var offline=true \
 	-var "authorizer_package=$work/authorizer.zip" \
 	-var "limiter_package=$work/limiter.zip" \
 	-out="$work/example.tfplan"
 
-echo "tf-check: ok"
+# One line for a success: what was checked, with terraform test's and the plan's counts.
+tests=$(grep -Eo '^Success! [0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1 || true)
+plan=$(grep -Eo '^Plan: [0-9]+ to add, [0-9]+ to change, [0-9]+ to destroy' "$log" | tail -n 1 || true)
+echo "tf-check: ok: fmt, validate, test (${tests#Success! }), offline plan of examples/complete (${plan#Plan: }) (TF_CHECK_VERBOSE=1 shows it all)"

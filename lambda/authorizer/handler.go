@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -220,8 +219,8 @@ func policyDocument(allow bool, arn string) events.APIGatewayCustomAuthorizerPol
 	}
 }
 
-// decisionContext is the context map of a verdict: the deciding limit's numbers in
-// whole seconds, and its RateLimit and RateLimit-Policy header values. retryAfter is
+// decisionContext is the context map of a verdict: the deciding limit's quota as the
+// headers state it (Verdict.Quota) and its times in whole seconds, and its RateLimit and RateLimit-Policy header values. retryAfter is
 // 0 when the request is allowed. With no rule matched every number is 0 and the
 // header values are empty.
 func decisionContext(v engine.Verdict) map[string]any {
@@ -231,7 +230,7 @@ func decisionContext(v engine.Verdict) map[string]any {
 		retry = algo.RetryAfterSeconds(d.RetryAfter)
 	}
 	c := map[string]any{
-		ctxLimit:           d.Limit,
+		ctxLimit:           v.Quota,
 		ctxRemaining:       max(0, d.Remaining),
 		ctxReset:           algo.Seconds(d.ResetAfter),
 		ctxRetryAfter:      retry,
@@ -245,12 +244,6 @@ func decisionContext(v engine.Verdict) map[string]any {
 			c[ctxRateLimit] = kv[1]
 		case "RateLimit-Policy":
 			c[ctxRateLimitPolicy] = kv[1]
-		case "X-RateLimit-Limit":
-			// The quota the headers state (algo.QuotaWindow): a limit with a burst
-			// states its burst, so that remaining never exceeds limit.
-			if q, err := strconv.ParseInt(kv[1], 10, 64); err == nil {
-				c[ctxLimit] = q
-			}
 		}
 	}
 	return c

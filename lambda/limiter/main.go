@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -27,6 +29,9 @@ import (
 	"google.golang.org/grpc"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-dev/tollgate/lambda"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/awsredis"
@@ -53,23 +58,32 @@ type config struct {
 	// OneQuota names the one-limit headers of the gRPC service's and POST /json's
 	// answers, from envoyproxy/ratelimit's own LIMIT_RESPONSE_HEADERS_ENABLED and
 	// LIMIT_*_HEADER variables (rls.ERLHeaders); none by default, as in ERL.
-	OneQuota   algo.OneQuotaNames
-	PolicyPath string // TOLLGATE_POLICY / --policy, default lambda/policy.yaml (policy.yaml next to the binary on Lambda)
-	PolicyJSON string // TOLLGATE_POLICY_JSON: an inline policy, instead of the file
-	PolicySSM  string // TOLLGATE_POLICY_SSM: an SSM parameter holding the policy, instead of the file
+	OneQuota algo.OneQuotaNames
+	// PolicyPath is the policy file (TOLLGATE_POLICY / --policy; empty: the copy of
+	// lambda/policy.yaml built into the binary, or policy.yaml next to the binary on
+	// Lambda). A policy named by a flag wins over one named in the environment.
+	PolicyPath string
+	PolicyJSON string // TOLLGATE_POLICY_JSON / --policy-json: an inline policy, instead of the file
+	PolicySSM  string // TOLLGATE_POLICY_SSM / --policy-ssm: an SSM parameter holding the policy, instead of the file
 	// PolicyPoll is how often the policy's source is read for a change
 	// (TOLLGATE_POLICY_POLL / --policy-poll, default 2s; 0: only on SIGHUP). On
 	// Lambda the source is read at most this often, before a request.
 	PolicyPoll   time.Duration
-	RedisURL     string // REDIS_URL; empty: embedded miniredis
-	RedisCluster bool   // REDIS_CLUSTER=true
-	AdminToken   string // TOLLGATE_ADMIN_TOKEN: enables /v1/state and /v1/reset
-	OnLambda     bool   // AWS_LAMBDA_RUNTIME_API is set
-	// Batch sends concurrent decisions to Redis as one pipeline (TOLLGATE_BATCH,
-	// default true; see redisstore.Batcher).
+	RedisURL     string // REDIS_URL / --redis; empty: embedded miniredis
+	RedisCluster bool   // REDIS_CLUSTER / --redis-cluster
+	// EmbeddedRedis is the address the embedded Redis listens on when RedisURL is
+	// empty (TOLLGATE_EMBEDDED_REDIS / --embedded-redis; empty: a free port on
+	// 127.0.0.1). Its URL is logged at start.
+	EmbeddedRedis string
+	// AdminToken enables /v1/state and /v1/reset (TOLLGATE_ADMIN_TOKEN; no flag, so
+	// that the secret stays out of the process list).
+	AdminToken string
+	OnLambda   bool // AWS_LAMBDA_RUNTIME_API is set
+	// Batch sends concurrent decisions to Redis as one pipeline (TOLLGATE_BATCH /
+	// --batch, default true; see redisstore.Batcher).
 	Batch bool
 	// BatchWait bounds how long a decision queued behind a Redis round trip waits
-	// before its queue goes out on its own (TOLLGATE_BATCH_WAIT, 1µs to 1s; unset:
+	// before its queue goes out on its own (TOLLGATE_BATCH_WAIT / --batch-wait, 1µs to 1s; unset:
 	// redisstore.DefaultMaxWait).
 	BatchWait time.Duration
 	// Auth is the ElastiCache authentication: REDIS_AUTH_SECRET_ARN, or
@@ -116,21 +130,31 @@ var defaultServerLimits = serverLimits{
 	ShutdownGrace: 5 * time.Second,
 }
 
-// loadConfig reads the environment through getenv, then the flags in args.
+// A usageError is a command line loadConfig cannot read: an unknown flag or word, or
+// a flag without its value. main answers it with exit status 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// loadConfig reads the environment through getenv, then the flags in args: a flag
+// wins over its environment variable, a variable over the default. It returns
+// flag.ErrHelp for -h or --help, and a usageError for a command line it cannot read.
 func loadConfig(getenv func(string) string, args []string) (config, error) {
 	c := config{
-		Listen:     or(getenv("TOLLGATE_LISTEN"), "127.0.0.1:8080"),
-		GRPCListen: getenv("TOLLGATE_GRPC_LISTEN"),
-		ERLConfig:  getenv("TOLLGATE_ERL_CONFIG"),
-		PolicyPath: getenv("TOLLGATE_POLICY"),
-		PolicyJSON: getenv("TOLLGATE_POLICY_JSON"),
-		PolicySSM:  getenv("TOLLGATE_POLICY_SSM"),
-		PolicyPoll: 2 * time.Second,
-		RedisURL:   getenv("REDIS_URL"),
-		AdminToken: getenv("TOLLGATE_ADMIN_TOKEN"),
-		OnLambda:   getenv("AWS_LAMBDA_RUNTIME_API") != "",
-		Batch:      true,
-		Server:     defaultServerLimits,
+		Listen:        or(getenv("TOLLGATE_LISTEN"), defaultListen),
+		GRPCListen:    getenv("TOLLGATE_GRPC_LISTEN"),
+		ERLConfig:     getenv("TOLLGATE_ERL_CONFIG"),
+		PolicyPath:    getenv("TOLLGATE_POLICY"),
+		PolicyJSON:    getenv("TOLLGATE_POLICY_JSON"),
+		PolicySSM:     getenv("TOLLGATE_POLICY_SSM"),
+		PolicyPoll:    defaultPolicyPoll,
+		RedisURL:      getenv("REDIS_URL"),
+		EmbeddedRedis: getenv("TOLLGATE_EMBEDDED_REDIS"),
+		AdminToken:    getenv("TOLLGATE_ADMIN_TOKEN"),
+		OnLambda:      getenv("AWS_LAMBDA_RUNTIME_API") != "",
+		Batch:         true,
+		Server:        defaultServerLimits,
 	}
 	if err := c.Server.fromEnv(getenv); err != nil {
 		return c, err
@@ -151,7 +175,7 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	}
 	if v := getenv("TOLLGATE_BATCH_WAIT"); v != "" {
 		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 || d > time.Second {
+		if err != nil || !validBatchWait(d) {
 			return c, fmt.Errorf("TOLLGATE_BATCH_WAIT=%q: want a duration from 1us to 1s, such as 300us (leave it unset for the default, %v)", v, redisstore.DefaultMaxWait)
 		}
 		c.BatchWait = d
@@ -173,18 +197,38 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 		return c, err
 	}
 	c.Auth = auth
-	if auth.Mode() != awsredis.ModeNone && c.RedisURL == "" {
-		return c, fmt.Errorf("ElastiCache authentication is configured (%s) but REDIS_URL is empty; set REDIS_URL=rediss://host:6379", auth.Mode())
-	}
 	fs := flag.NewFlagSet("limiter", flag.ContinueOnError)
-	fs.StringVar(&c.Listen, "listen", c.Listen, "address to listen on (env TOLLGATE_LISTEN)")
-	fs.StringVar(&c.GRPCListen, "grpc-listen", c.GRPCListen, "address to serve Envoy's gRPC RateLimitService on; empty: none (env TOLLGATE_GRPC_LISTEN)")
-	fs.StringVar(&c.ERLConfig, "erl-config", c.ERLConfig, "a directory of envoyproxy/ratelimit configuration files to serve over gRPC and /json (env TOLLGATE_ERL_CONFIG)")
-	fs.StringVar(&c.PolicyPath, "policy", c.PolicyPath, "policy file, YAML or JSON (env TOLLGATE_POLICY)")
-	fs.DurationVar(&c.PolicyPoll, "policy-poll", c.PolicyPoll, "how often to read the policy for a change; 0: only on SIGHUP (env TOLLGATE_POLICY_POLL)")
-	c.Server.flags(fs)
+	fs.SetOutput(io.Discard) // main prints the error and the usage
+	c.flags(fs)
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c, err
+		}
+		return c, usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return c, usageError{fmt.Errorf("unexpected argument %q: the service takes only flags; the commands are policy and help", fs.Arg(0))}
+	}
+	// A policy named by a flag wins over one named in the environment.
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "policy":
+			c.PolicyJSON, c.PolicySSM = "", ""
+		case "policy-json":
+			c.PolicyPath, c.PolicySSM = "", ""
+		case "policy-ssm":
+			c.PolicyPath, c.PolicyJSON = "", ""
+		case "batch-wait":
+			if !validBatchWait(c.BatchWait) {
+				err = fmt.Errorf("--batch-wait (TOLLGATE_BATCH_WAIT) = %v: want a duration from 1us to 1s, such as 300us (leave it unset for the default, %v)", c.BatchWait, redisstore.DefaultMaxWait)
+			}
+		}
+	})
+	if err != nil {
 		return c, err
+	}
+	if c.Auth.Mode() != awsredis.ModeNone && c.RedisURL == "" {
+		return c, fmt.Errorf("ElastiCache authentication is configured (%s) but REDIS_URL is empty; set REDIS_URL=rediss://host:6379", c.Auth.Mode())
 	}
 	if err := c.Server.validate(); err != nil {
 		return c, err
@@ -192,13 +236,36 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	if c.PolicyPoll < 0 {
 		return c, fmt.Errorf("--policy-poll = %v: want 0 or more", c.PolicyPoll)
 	}
-	if c.PolicyPath == "" && c.PolicyJSON == "" && c.PolicySSM == "" {
-		c.PolicyPath = "lambda/policy.yaml"
-		if c.OnLambda {
-			c.PolicyPath = besideExecutable("policy.yaml")
-		}
+	if c.PolicyPath == "" && c.PolicyJSON == "" && c.PolicySSM == "" && c.OnLambda {
+		c.PolicyPath = besideExecutable("policy.yaml")
 	}
 	return c, nil
+}
+
+// The defaults of the settings that have one.
+const (
+	defaultListen     = "127.0.0.1:8080"
+	defaultPolicyPoll = 2 * time.Second
+)
+
+// validBatchWait reports whether d is a wait TOLLGATE_BATCH_WAIT accepts.
+func validBatchWait(d time.Duration) bool { return d > 0 && d <= time.Second }
+
+// flags defines a flag for each setting on fs, defaulting to c's values.
+func (c *config) flags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Listen, "listen", c.Listen, "serve HTTP on `ADDR`; port 0 picks a free one (env TOLLGATE_LISTEN)")
+	fs.StringVar(&c.GRPCListen, "grpc-listen", c.GRPCListen, "also serve Envoy's gRPC RateLimitService on `ADDR`; empty: not served (env TOLLGATE_GRPC_LISTEN)")
+	fs.StringVar(&c.ERLConfig, "erl-config", c.ERLConfig, "also serve the envoyproxy/ratelimit configuration files (*.yaml) in `DIR`, over gRPC and POST /json (env TOLLGATE_ERL_CONFIG)")
+	fs.StringVar(&c.PolicyPath, "policy", c.PolicyPath, "read the policy from `FILE`, YAML or JSON, again when it changes; empty: the copy of lambda/policy.yaml built into the binary (on Lambda: policy.yaml beside the binary) (env TOLLGATE_POLICY)")
+	fs.StringVar(&c.PolicyJSON, "policy-json", c.PolicyJSON, "the policy itself, a JSON `DOCUMENT`, instead of a file (env TOLLGATE_POLICY_JSON)")
+	fs.StringVar(&c.PolicySSM, "policy-ssm", c.PolicySSM, "read the policy from the SSM Parameter Store parameter `NAME`, instead of a file (env TOLLGATE_POLICY_SSM)")
+	fs.DurationVar(&c.PolicyPoll, "policy-poll", c.PolicyPoll, "read the policy for a change every `DURATION`; 0: only on SIGHUP (env TOLLGATE_POLICY_POLL)")
+	fs.StringVar(&c.RedisURL, "redis", c.RedisURL, "decide on the Redis at `URL`, such as redis://127.0.0.1:6379 or rediss://host:6379; empty: an embedded in-process Redis (miniredis), whose state is lost on exit (env REDIS_URL)")
+	fs.BoolVar(&c.RedisCluster, "redis-cluster", c.RedisCluster, "the Redis is a Redis Cluster (env REDIS_CLUSTER)")
+	fs.StringVar(&c.EmbeddedRedis, "embedded-redis", c.EmbeddedRedis, "without --redis, the embedded Redis listens on `ADDR`; empty: a free port on 127.0.0.1. Its URL is logged at start (\"embedded Redis listening\") for limiter policy explain --redis URL (env TOLLGATE_EMBEDDED_REDIS)")
+	fs.BoolVar(&c.Batch, "batch", c.Batch, "send concurrent decisions to Redis as one pipeline; --batch=false: one round trip each (env TOLLGATE_BATCH)")
+	fs.DurationVar(&c.BatchWait, "batch-wait", c.BatchWait, "a decision queued behind a Redis round trip waits at most `DURATION` (1us to 1s); 0: "+redisstore.DefaultMaxWait.String()+" (env TOLLGATE_BATCH_WAIT)")
+	c.Server.flags(fs)
 }
 
 // A durationLimit is one of serverLimits' durations with its flag and variable.
@@ -242,7 +309,7 @@ func (l *serverLimits) flags(fs *flag.FlagSet) {
 	for _, d := range l.durations() {
 		fs.DurationVar(d.value, d.flag, *d.value, d.usage+" (env "+d.env+")")
 	}
-	fs.IntVar(&l.MaxConns, "max-conns", l.MaxConns, "most open connections; more wait to be accepted (env TOLLGATE_MAX_CONNS)")
+	fs.IntVar(&l.MaxConns, "max-conns", l.MaxConns, "hold at most `N` open connections; more wait to be accepted (env TOLLGATE_MAX_CONNS)")
 }
 
 // validate names the first limit out of range, with its flag and variable.
@@ -273,6 +340,19 @@ func or(v, d string) string {
 		return d
 	}
 	return v
+}
+
+// policySource names where c's policy comes from, for the log.
+func policySource(c config) string {
+	switch {
+	case c.PolicyJSON != "":
+		return "TOLLGATE_POLICY_JSON"
+	case c.PolicySSM != "":
+		return "ssm:" + c.PolicySSM
+	case c.PolicyPath != "":
+		return c.PolicyPath
+	}
+	return lambda.DefaultPolicyName
 }
 
 func besideExecutable(name string) string {
@@ -311,6 +391,9 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 	if err != nil {
 		return nil, err
 	}
+	if c.PolicyPath == "" && c.PolicyJSON == "" && c.PolicySSM == "" {
+		src = reload.Inline{Label: lambda.DefaultPolicyName, Doc: lambda.DefaultPolicy()}
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := decision.NewMetrics(reg)
@@ -335,11 +418,17 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 	s.policy = rl
 	url := c.RedisURL
 	if url == "" {
+		addr := or(c.EmbeddedRedis, "127.0.0.1:0")
 		s.mini = miniredis.NewMiniRedis()
-		if err := s.mini.StartAddr("127.0.0.1:0"); err != nil {
-			return nil, fmt.Errorf("start embedded redis: %w", err)
+		if err := s.mini.StartAddr(addr); err != nil {
+			return nil, fmt.Errorf("start the embedded Redis on %s: %w", addr, busyHint(err, "--embedded-redis ADDR or TOLLGATE_EMBEDDED_REDIS=ADDR"))
 		}
 		url = "redis://" + s.mini.Addr()
+		file := c.PolicyPath
+		if file == "" {
+			file = "lambda/policy.yaml"
+		}
+		log.Info("embedded Redis listening", "url", url, "explain", "limiter policy explain --redis "+url+" "+file+" ATTRIBUTE=VALUE...")
 	}
 	store, err := awsredis.OpenStore(ctx, redisstore.Config{URL: url, Cluster: c.RedisCluster}, c.Auth, log)
 	if err != nil {
@@ -470,18 +559,154 @@ func refreshing(h http.Handler, rls []*reload.Reloader, every time.Duration) htt
 }
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "policy" {
-		os.Exit(policyCommand(context.Background(), os.Args[2:], os.Stdout))
+	os.Exit(command(context.Background(), os.Getenv, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// command runs the limiter with args, a command or the service's flags, and returns
+// its exit status: 0, 1 when the service stops on an error (logged as JSON on
+// stderr), 2 for a command line it cannot read (with the usage). Help goes to
+// stdout.
+func command(ctx context.Context, getenv func(string) string, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		switch args[0] {
+		case "policy":
+			return policyCommand(ctx, args[1:], stdout)
+		case "help":
+			if len(args) > 1 && args[1] == "policy" {
+				return policyCommand(ctx, []string{"help"}, stdout)
+			}
+			printUsage(stdout)
+			return 0
+		}
+		fmt.Fprintf(stderr, "limiter: unknown command %q\n\n", args[0])
+		printUsage(stderr)
+		return 2
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	tuneGC(os.Getenv)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	err := run(ctx, os.Getenv, os.Args[1:], log)
-	stop()
+	// Help, even when a variable is wrong.
+	if errors.Is(defaultFlags().Parse(args), flag.ErrHelp) {
+		printUsage(stdout)
+		return 0
+	}
+	c, err := loadConfig(getenv, args)
+	if _, ok := errors.AsType[usageError](err); ok {
+		fmt.Fprintf(stderr, "limiter: %v\n\n", err)
+		printUsage(stderr)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, nil))
+	if err == nil {
+		// go-redis logs through a package-level logger, in plain text on stderr unless
+		// it is given one: the service's log is JSON only. (Only the process that
+		// serves sets it, so tests running command in parallel do not race on it.)
+		redis.SetLogger(redisLogger{log})
+		tuneGC(getenv)
+		sctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
+		err = serveConfig(sctx, c, log)
+		stop()
+	}
 	if err != nil {
 		log.Error("limiter stopped", "err", err)
-		os.Exit(1)
+		return 1
 	}
+	return 0
+}
+
+// redisLogger writes go-redis's log lines (a pool that cannot dial, say) to the
+// service's log, at level WARN.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "), "from", "go-redis")
+}
+
+// usage is the limiter's help, before its flags.
+const usage = `limiter is tollgate's HTTP decision service.
+
+usage:
+  limiter [FLAGS]
+      serves decisions: POST /v1/check, /healthz, /readyz, /metrics (and Envoy's
+      gRPC RateLimitService with --grpc-listen)
+  limiter policy check FILE...
+      lists every problem of each policy file; exit status 1 if any has one
+  limiter policy explain [--redis URL] [--cluster] FILE [ATTRIBUTE=VALUE...]
+      shows which rules a request matches, its keys, and with --redis each limit's state
+  limiter help, limiter --help
+      this text (limiter policy --help: the policy commands')
+
+Each setting comes from a flag, else its environment variable, else its default.
+With make run, set the variable (TOLLGATE_LISTEN=127.0.0.1:9090 make run), or pass
+make run LISTEN=ADDR POLICY=FILE ARGS='--flag value ...'.
+
+flags:
+`
+
+// envOnly lists the settings that only the environment sets.
+const envOnly = `
+environment only:
+  TOLLGATE_ADMIN_TOKEN
+      bearer token enabling /v1/state and /v1/reset (no flag: it stays out of ps)
+  REDIS_AUTH_SECRET_ARN, or REDIS_IAM_USER + REDIS_CACHE_NAME (+ REDIS_IAM_SERVERLESS=true)
+      ElastiCache authentication: a Secrets Manager secret, or IAM; needs a rediss:// URL
+  LIMIT_RESPONSE_HEADERS_ENABLED, LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER
+      envoyproxy/ratelimit's one-limit response headers on gRPC and POST /json (off by default)
+  GOGC (default here 400), GOMEMLIMIT (default on Lambda 90% of the function's memory)
+  AWS_LAMBDA_RUNTIME_API
+      set by Lambda: serve a Function URL instead of listening
+`
+
+// printUsage writes the limiter's help to w: its commands, each flag with its
+// environment variable and default, and the settings only the environment sets.
+func printUsage(w io.Writer) {
+	fmt.Fprint(w, usage)
+	printFlags(w, defaultFlags())
+	fmt.Fprint(w, envOnly)
+}
+
+// wrap breaks text into lines of at most width bytes (a longer word stands alone),
+// each starting with indent and ending with a newline.
+func wrap(text, indent string, width int) string {
+	var b strings.Builder
+	line := indent
+	for _, w := range strings.Fields(text) {
+		if line != indent && len(line)+1+len(w) > width {
+			b.WriteString(line + "\n")
+			line = indent
+		}
+		if line != indent {
+			line += " "
+		}
+		line += w
+	}
+	b.WriteString(line + "\n")
+	return b.String()
+}
+
+// defaultFlags is the service's flag set with the defaults of an empty environment,
+// writing nothing itself.
+func defaultFlags() *flag.FlagSet {
+	c := config{Listen: defaultListen, PolicyPoll: defaultPolicyPoll, Batch: true, Server: defaultServerLimits}
+	fs := flag.NewFlagSet("limiter", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	c.flags(fs)
+	return fs
+}
+
+// printFlags writes each of fs's flags, its value's name and its default, then its
+// usage on the next line.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		name, text := flag.UnquoteUsage(f)
+		if name != "" {
+			name = " " + strings.ToUpper(name)
+		}
+		def := ""
+		switch f.DefValue {
+		case "", "0", "0s", "false":
+		default:
+			def = " (default " + f.DefValue + ")"
+		}
+		fmt.Fprintf(w, "  --%s%s%s\n%s", f.Name, name, def, wrap(text, "      ", 86))
+	})
 }
 
 // gcPercent is the collector's target when GOGC is not set. The service's live heap
@@ -509,6 +734,11 @@ func run(ctx context.Context, getenv func(string) string, args []string, log *sl
 	if err != nil {
 		return err
 	}
+	return serveConfig(ctx, c, log)
+}
+
+// serveConfig serves as c says until ctx is done.
+func serveConfig(ctx context.Context, c config, log *slog.Logger) error {
 	if c.RedisURL == "" {
 		log.Info("REDIS_URL is not set: starting an embedded in-process Redis (miniredis); state is lost on exit and not shared with other instances")
 	} else {
@@ -520,7 +750,7 @@ func run(ctx context.Context, getenv func(string) string, args []string, log *sl
 	}
 	defer s.Close()
 	p := s.eng.Policy()
-	log.Info("policy loaded", "domain", p.Domain, "rules", len(p.Rules), "failure_mode", string(p.Failure.Mode), "sha256", s.policy.SHA256())
+	log.Info("policy loaded", "source", policySource(c), "domain", p.Domain, "rules", len(p.Rules), "failure_mode", string(p.Failure.Mode), "sha256", s.policy.SHA256())
 	if c.OnLambda {
 		lambdaurl.Start(refreshing(s.handler, append([]*reload.Reloader{s.policy}, s.erl...), c.PolicyPoll))
 		return nil
@@ -530,7 +760,7 @@ func run(ctx context.Context, getenv func(string) string, args []string, log *sl
 	}
 	ln, err := net.Listen("tcp", c.Listen)
 	if err != nil {
-		return err
+		return busyHint(err, "--listen ADDR, TOLLGATE_LISTEN=ADDR or make run LISTEN=ADDR")
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -555,7 +785,7 @@ func run(ctx context.Context, getenv func(string) string, args []string, log *sl
 		gln, err := net.Listen("tcp", c.GRPCListen)
 		if err != nil {
 			ln.Close()
-			return fmt.Errorf("--grpc-listen: %w", err)
+			return fmt.Errorf("--grpc-listen: %w", busyHint(err, "--grpc-listen ADDR or TOLLGATE_GRPC_LISTEN=ADDR"))
 		}
 		gs := grpc.NewServer(rls.ServerOptions()...)
 		rlsv3.RegisterRateLimitServiceServer(gs, s.rls)
@@ -568,6 +798,15 @@ func run(ctx context.Context, getenv func(string) string, args []string, log *sl
 		log.Info("serving Envoy's RateLimitService", "addr", gln.Addr().String())
 	}
 	return serve(ctx, ln, s.handler, c.Server, log)
+}
+
+// busyHint adds to a listener's error, when its address is in use, how to choose
+// another: the settings named in how.
+func busyHint(err error, how string) error {
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		return err
+	}
+	return fmt.Errorf("%w: another process (another limiter?) holds that port; stop it, or choose another address with %s (port 0 picks a free one)", err, how)
 }
 
 // leaseSweep is how often the service gives back the unused units of ended leases.

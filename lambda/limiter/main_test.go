@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/awsredis"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -25,12 +26,12 @@ func TestLoadConfig(t *testing.T) {
 		want    config
 		wantErr string
 	}{
-		{"defaults", nil, nil, config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml", Batch: true}, ""},
-		{"batching off", map[string]string{"TOLLGATE_BATCH": "false"}, nil, config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml"}, ""},
+		{"defaults", nil, nil, config{Listen: "127.0.0.1:8080", Batch: true}, ""},
+		{"batching off", map[string]string{"TOLLGATE_BATCH": "false"}, nil, config{Listen: "127.0.0.1:8080"}, ""},
 		{"bad batch flag", map[string]string{"TOLLGATE_BATCH": "sometimes"}, nil, config{}, "TOLLGATE_BATCH"},
-		{"batch wait", map[string]string{"TOLLGATE_BATCH_WAIT": "1ms"}, nil, config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml", Batch: true, BatchWait: time.Millisecond}, ""},
+		{"batch wait", map[string]string{"TOLLGATE_BATCH_WAIT": "1ms"}, nil, config{Listen: "127.0.0.1:8080", Batch: true, BatchWait: time.Millisecond}, ""},
 		{"bad batch wait", map[string]string{"TOLLGATE_BATCH_WAIT": "soon"}, nil, config{}, "TOLLGATE_BATCH_WAIT"},
-		{"ERL's response headers", map[string]string{"LIMIT_RESPONSE_HEADERS_ENABLED": "true"}, nil, config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml", Batch: true, OneQuota: algo.OneQuotaNames{Limit: "RateLimit-Limit", Remaining: "RateLimit-Remaining", Reset: "RateLimit-Reset"}}, ""},
+		{"ERL's response headers", map[string]string{"LIMIT_RESPONSE_HEADERS_ENABLED": "true"}, nil, config{Listen: "127.0.0.1:8080", Batch: true, OneQuota: algo.OneQuotaNames{Limit: "RateLimit-Limit", Remaining: "RateLimit-Remaining", Reset: "RateLimit-Reset"}}, ""},
 		{"bad ERL headers flag", map[string]string{"LIMIT_RESPONSE_HEADERS_ENABLED": "sometimes"}, nil, config{}, "LIMIT_RESPONSE_HEADERS_ENABLED"},
 		{"batch wait of nothing", map[string]string{"TOLLGATE_BATCH_WAIT": "0"}, nil, config{}, "TOLLGATE_BATCH_WAIT"},
 		{"batch wait too long", map[string]string{"TOLLGATE_BATCH_WAIT": "2s"}, nil, config{}, "TOLLGATE_BATCH_WAIT"},
@@ -43,9 +44,9 @@ func TestLoadConfig(t *testing.T) {
 		{"secret and IAM", map[string]string{"REDIS_URL": "rediss://c:6379", "REDIS_AUTH_SECRET_ARN": "arn:s", "REDIS_IAM_USER": "u", "REDIS_CACHE_NAME": "c"}, nil, config{}, "not both"},
 		{"auth without a URL", map[string]string{"REDIS_AUTH_SECRET_ARN": "arn:s"}, nil, config{}, "REDIS_URL is empty"},
 		{"server limits from env", map[string]string{"TOLLGATE_READ_TIMEOUT": "2s", "TOLLGATE_WRITE_TIMEOUT": "4s", "TOLLGATE_IDLE_TIMEOUT": "30s", "TOLLGATE_MAX_CONNS": "100", "TOLLGATE_SHUTDOWN_GRACE": "1s"}, nil,
-			config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml", Batch: true, Server: serverLimits{2 * time.Second, 4 * time.Second, 30 * time.Second, 100, time.Second}}, ""},
+			config{Listen: "127.0.0.1:8080", Batch: true, Server: serverLimits{2 * time.Second, 4 * time.Second, 30 * time.Second, 100, time.Second}}, ""},
 		{"server limit flags win", map[string]string{"TOLLGATE_READ_TIMEOUT": "2s", "TOLLGATE_MAX_CONNS": "100"}, []string{"--read-timeout", "3s", "--max-conns", "7", "--shutdown-grace", "250ms"},
-			config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml", Batch: true, Server: serverLimits{3 * time.Second, 10 * time.Second, time.Minute, 7, 250 * time.Millisecond}}, ""},
+			config{Listen: "127.0.0.1:8080", Batch: true, Server: serverLimits{3 * time.Second, 10 * time.Second, time.Minute, 7, 250 * time.Millisecond}}, ""},
 		{"bad read timeout", map[string]string{"TOLLGATE_READ_TIMEOUT": "5"}, nil, config{}, "TOLLGATE_READ_TIMEOUT"},
 		{"bad max conns", map[string]string{"TOLLGATE_MAX_CONNS": "lots"}, nil, config{}, "TOLLGATE_MAX_CONNS"},
 		{"zero write timeout", map[string]string{"TOLLGATE_WRITE_TIMEOUT": "0s"}, nil, config{}, "--write-timeout (TOLLGATE_WRITE_TIMEOUT) = 0s"},
@@ -56,8 +57,21 @@ func TestLoadConfig(t *testing.T) {
 		{"policy in SSM, polled every minute", map[string]string{"TOLLGATE_POLICY_SSM": "/tollgate/policy", "TOLLGATE_POLICY_POLL": "1m"}, nil,
 			config{Listen: "127.0.0.1:8080", PolicySSM: "/tollgate/policy", PolicyPoll: time.Minute, Batch: true}, ""},
 		{"gRPC listener", map[string]string{"TOLLGATE_GRPC_LISTEN": "127.0.0.1:8081"}, []string{"--grpc-listen", "127.0.0.1:9091"},
-			config{Listen: "127.0.0.1:8080", GRPCListen: "127.0.0.1:9091", PolicyPath: "lambda/policy.yaml", Batch: true}, ""},
-		{"policy poll flag", nil, []string{"--policy-poll", "500ms"}, config{Listen: "127.0.0.1:8080", PolicyPath: "lambda/policy.yaml", PolicyPoll: 500 * time.Millisecond, Batch: true}, ""},
+			config{Listen: "127.0.0.1:8080", GRPCListen: "127.0.0.1:9091", Batch: true}, ""},
+		{"policy poll flag", nil, []string{"--policy-poll", "500ms"}, config{Listen: "127.0.0.1:8080", PolicyPoll: 500 * time.Millisecond, Batch: true}, ""},
+		{"every setting from flags", nil, []string{"--redis", "redis://r:6379", "--redis-cluster", "--batch=false", "--batch-wait", "1ms", "--policy-ssm", "/p", "--embedded-redis", "127.0.0.1:6379", "--erl-config", "erl"},
+			config{Listen: "127.0.0.1:8080", RedisURL: "redis://r:6379", RedisCluster: true, BatchWait: time.Millisecond, PolicySSM: "/p", EmbeddedRedis: "127.0.0.1:6379", ERLConfig: "erl"}, ""},
+		{"every setting from env", map[string]string{"REDIS_URL": "redis://r:6379", "REDIS_CLUSTER": "true", "TOLLGATE_BATCH": "false", "TOLLGATE_BATCH_WAIT": "1ms", "TOLLGATE_POLICY_SSM": "/p", "TOLLGATE_EMBEDDED_REDIS": "127.0.0.1:6379", "TOLLGATE_ERL_CONFIG": "erl"}, nil,
+			config{Listen: "127.0.0.1:8080", RedisURL: "redis://r:6379", RedisCluster: true, BatchWait: time.Millisecond, PolicySSM: "/p", EmbeddedRedis: "127.0.0.1:6379", ERLConfig: "erl"}, ""},
+		{"flags win over every variable", map[string]string{"REDIS_URL": "redis://r:6379", "REDIS_CLUSTER": "true", "TOLLGATE_BATCH": "false", "TOLLGATE_BATCH_WAIT": "1ms", "TOLLGATE_EMBEDDED_REDIS": "127.0.0.1:6379", "TOLLGATE_POLICY_POLL": "1m"},
+			[]string{"--redis", "redis://s:6379", "--redis-cluster=false", "--batch", "--batch-wait", "2ms", "--embedded-redis", "127.0.0.1:0", "--policy-poll", "3s"},
+			config{Listen: "127.0.0.1:8080", RedisURL: "redis://s:6379", Batch: true, BatchWait: 2 * time.Millisecond, EmbeddedRedis: "127.0.0.1:0", PolicyPoll: 3 * time.Second}, ""},
+		{"policy flag wins over an inline policy in the environment", map[string]string{"TOLLGATE_POLICY_JSON": "{}", "TOLLGATE_POLICY_SSM": "/p"}, []string{"--policy", "x.yaml"}, config{Listen: "127.0.0.1:8080", PolicyPath: "x.yaml", Batch: true}, ""},
+		{"policy-json flag wins over a file in the environment", map[string]string{"TOLLGATE_POLICY": "p.yaml"}, []string{"--policy-json", "{}"}, config{Listen: "127.0.0.1:8080", PolicyJSON: "{}", Batch: true}, ""},
+		{"bad batch wait flag", nil, []string{"--batch-wait", "2s"}, config{}, "--batch-wait (TOLLGATE_BATCH_WAIT) = 2s"},
+		{"auth with a URL flag", map[string]string{"REDIS_AUTH_SECRET_ARN": "arn:s"}, []string{"--redis", "rediss://c:6379"}, config{Listen: "127.0.0.1:8080", RedisURL: "rediss://c:6379", Batch: true, Auth: awsredis.Auth{SecretARN: "arn:s"}}, ""},
+		{"a word after the flags", nil, []string{"--listen", ":1", "serve"}, config{}, `unexpected argument "serve"`},
+		{"help", nil, []string{"--help"}, config{}, "help requested"},
 		{"bad policy poll", map[string]string{"TOLLGATE_POLICY_POLL": "often"}, nil, config{}, "TOLLGATE_POLICY_POLL"},
 		{"negative policy poll flag", nil, []string{"--policy-poll", "-1s"}, config{}, "--policy-poll"},
 	}

@@ -24,7 +24,9 @@ const policyUsage = `usage:
   limiter policy explain [--redis URL] [--cluster] FILE [ATTRIBUTE=VALUE...]
       shows which rules a request with these attributes matches (and why the others
       do not), every key with its Redis Cluster slot, and, with --redis, what each
-      limit would answer now, without charging anything
+      limit would answer now, without charging anything. The service logs its
+      embedded Redis's URL at start ("embedded Redis listening").
+Flags may come before or after the file; each command takes --help.
 `
 
 // policyCommand runs `limiter policy ARGS`, writing to out, and returns the exit
@@ -37,14 +39,17 @@ func policyCommand(ctx context.Context, args []string, out io.Writer) int {
 	var err error
 	switch args[0] {
 	case "check":
-		if len(args) < 2 {
-			fmt.Fprint(out, policyUsage)
-			return 2
+		var files []string
+		files, err = parseInterleaved(policyFlags("check"), args[1:])
+		if err == nil && len(files) == 0 {
+			err = usageError{errors.New("policy check: name at least one policy file")}
 		}
-		return checkPolicies(args[1:], out)
+		if err == nil {
+			return checkPolicies(files, out)
+		}
 	case "explain":
 		err = explain(ctx, args[1:], out)
-	case "help", "-h", "--help":
+	case "help", "-h", "-help", "--help":
 		fmt.Fprint(out, policyUsage)
 		return 0
 	default:
@@ -55,12 +60,63 @@ func policyCommand(ctx context.Context, args []string, out io.Writer) int {
 	switch {
 	case err == nil:
 		return 0
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(out, policyUsage)
+		if args[0] == "explain" {
+			fmt.Fprintln(out, "\nflags of policy explain:")
+			printFlags(out, explainFlags(new(string), new(bool)))
+		}
+		return 0
 	case errors.As(err, &ve):
 		fmt.Fprintln(out, err)
 		return 1
 	}
 	fmt.Fprintf(out, "%v\n", err)
+	if _, ok := errors.AsType[usageError](err); ok {
+		fmt.Fprint(out, policyUsage)
+	}
 	return 2
+}
+
+// policyFlags is the flag set of `limiter policy NAME`, writing nothing itself.
+func policyFlags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("policy "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
+// explainFlags is the flag set of `limiter policy explain`, setting url and cluster.
+func explainFlags(url *string, cluster *bool) *flag.FlagSet {
+	fs := policyFlags("explain")
+	fs.StringVar(url, "redis", "", "read each limit's current state, never charging it, from the Redis at `URL` (the service logs its embedded Redis's URL at start)")
+	fs.BoolVar(cluster, "cluster", false, "the Redis is a Redis Cluster")
+	return fs
+}
+
+// parseInterleaved parses args with fs, flags before and after the words, and
+// returns the words: `policy explain FILE --redis URL` reads as `policy explain
+// --redis URL FILE`. After "--" every argument is a word. A flag error is a
+// usageError; -h and --help return flag.ErrHelp.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var words []string
+	for {
+		// fs.Parse stops at the first word, and after "--", which it drops.
+		dashes := slices.Index(args, "--")
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, usageError{fmt.Errorf("%s: %w", fs.Name(), err)}
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return words, nil
+		}
+		if dashes >= 0 && len(args)-dashes-1 == len(rest) {
+			return append(words, rest...), nil
+		}
+		words, args = append(words, rest[0]), rest[1:]
+	}
 }
 
 // checkPolicies validates each file and prints its problems, or a summary.
@@ -80,22 +136,21 @@ func checkPolicies(files []string, out io.Writer) int {
 
 // explain prints what the policy in args' file does with the request args describe.
 func explain(ctx context.Context, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("policy explain", flag.ContinueOnError)
-	fs.SetOutput(out)
-	url := fs.String("redis", "", "a Redis to read the limits' current state from (never charged)")
-	cluster := fs.Bool("cluster", false, "the Redis is a cluster")
-	if err := fs.Parse(args); err != nil {
+	url, cluster := new(string), new(bool)
+	fs := explainFlags(url, cluster)
+	words, err := parseInterleaved(fs, args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() < 1 {
-		return errors.New("policy explain: name a policy file")
+	if len(words) < 1 {
+		return usageError{errors.New("policy explain: name a policy file")}
 	}
-	p, err := policy.Load(fs.Arg(0))
+	p, err := policy.Load(words[0])
 	if err != nil {
 		return err
 	}
 	attrs := map[string]string{}
-	for _, kv := range fs.Args()[1:] {
+	for _, kv := range words[1:] {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
 			return fmt.Errorf("policy explain: %q: want ATTRIBUTE=VALUE, e.g. api_key=k-123 or path=/login", kv)
@@ -163,8 +218,8 @@ func explain(ctx context.Context, args []string, out io.Writer) error {
 			note = " (shadow: reported, never denies)"
 		}
 		fmt.Fprintf(out, "rule %s: applies%s\n", r.Name, note)
-		for ; i < len(plan.Rules) && plan.Rules[i] == r; i++ {
-			key, m := plan.Check.Keys[i], plan.Check.Meters[i]
+		for ; i < len(plan.Items) && plan.Items[i].Rule == r; i++ {
+			key, m := plan.Items[i].Key, plan.Items[i].Meter
 			fmt.Fprintf(out, "  key %s (slot %d)\n", key, algo.Slot(key))
 			for _, l := range m.Limits {
 				fmt.Fprintf(out, "    %s", l)
@@ -176,13 +231,13 @@ func explain(ctx context.Context, args []string, out io.Writer) error {
 			}
 		}
 	}
-	if len(plan.Rules) == 0 {
+	if len(plan.Items) == 0 {
 		fmt.Fprintln(out, "no rule applies: the request is allowed without a limit")
 	}
 	if plan.KeyRequired {
 		fmt.Fprintln(out, "an API key is required: only rules keyed on api_key could limit this request (the authorizer answers 401)")
 	}
-	if *url == "" && len(plan.Rules) > 0 {
+	if *url == "" && len(plan.Items) > 0 {
 		fmt.Fprintln(out, "(with --redis URL, each limit's current state is shown)")
 	}
 	return nil

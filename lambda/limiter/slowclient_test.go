@@ -110,7 +110,15 @@ func startLimiter(t *testing.T, args ...string) *process {
 // startLimiterEnv is startLimiter with env (NAME=value) added to its environment.
 func startLimiterEnv(t *testing.T, env []string, args ...string) *process {
 	t.Helper()
-	cmd := exec.Command(limiterBinary(t), append([]string{"--listen", "127.0.0.1:0", "--policy", "../policy.yaml"}, args...)...)
+	return startProcess(t, "", env, append([]string{"--listen", "127.0.0.1:0", "--policy", "../policy.yaml"}, args...)...)
+}
+
+// startProcess runs the limiter binary in dir (empty: this one) with env (NAME=value)
+// and args alone, and waits for it to listen.
+func startProcess(t *testing.T, dir string, env []string, args ...string) *process {
+	t.Helper()
+	cmd := exec.Command(limiterBinary(t), args...)
+	cmd.Dir = dir
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()

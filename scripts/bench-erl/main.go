@@ -14,11 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -27,7 +24,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tollgate-dev/tollgate/scripts/internal/load"
 	"github.com/tollgate-dev/tollgate/scripts/internal/redisproc"
+	"github.com/tollgate-dev/tollgate/scripts/internal/repo"
 	"github.com/tollgate-dev/tollgate/shared/redisinfo"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 )
@@ -73,7 +72,11 @@ func main() {
 	rounds := flag.Int("rounds", 5, "rounds per subject and concurrency")
 	out := flag.String("out", "dist/bench/erl.md", "the report")
 	flag.Parse()
-	if err := run(*conc, *dur, *rounds, *out); err != nil {
+	err := repo.Chdir()
+	if err == nil {
+		err = run(*conc, *dur, *rounds, *out)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench-erl:", err)
 		os.Exit(1)
 	}
@@ -221,65 +224,36 @@ func waitServing(s *subject) error {
 	return fmt.Errorf("%s did not answer within 20s: %v", s.name, err)
 }
 
-// round drives s at concurrency c for d after a short warmup.
+// round drives s at concurrency c for d after a short warmup, reading the
+// processes' CPU time and Redis's INFO on either side of the measured window, while
+// no decision is in flight.
 func round(ctx context.Context, s *subject, rc *redis.Client, c int, d time.Duration) (result, error) {
 	client := rlsv3.NewRateLimitServiceClient(s.conn)
-	var n atomic.Int64
-	var failed atomic.Value
-	lat := make([][]time.Duration, c)
-	stop := make(chan struct{})
-	measuring := atomic.Bool{}
-	var wg sync.WaitGroup
-	for w := range c {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; ; i += c {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				t0 := time.Now()
-				if _, err := client.ShouldRateLimit(ctx, request(i%clients)); err != nil {
-					failed.CompareAndSwap(nil, err)
-					return
-				}
-				if measuring.Load() {
-					lat[w] = append(lat[w], time.Since(t0))
-					n.Add(1)
-				}
-			}
-		}()
-	}
+	run := load.Start(ctx, load.Options{Workers: c, Clients: clients}, func(ctx context.Context, _, i int) error {
+		_, err := client.ShouldRateLimit(ctx, request(i))
+		return err
+	})
 	time.Sleep(300 * time.Millisecond)
+	run.Hold()
 	cpu0, ccpu0 := procCPU(s.cmd.Process.Pid), procCPU(os.Getpid())
 	redis0, err0 := redisinfo.Read(ctx, rc)
-	t0 := time.Now()
-	measuring.Store(true)
+	run.Measure()
 	time.Sleep(d)
-	measuring.Store(false)
-	secs := time.Since(t0).Seconds()
+	res := run.Stop()
 	cpu1, ccpu1 := procCPU(s.cmd.Process.Pid), procCPU(os.Getpid())
 	redis1, err1 := redisinfo.Read(ctx, rc)
-	close(stop)
-	wg.Wait()
-	if err, _ := failed.Load().(error); err != nil {
-		return result{}, err
+	if res.FirstErr != nil {
+		return result{}, fmt.Errorf("%d of %d decisions failed, e.g. %w", res.Errors, res.Calls, res.FirstErr)
 	}
 	if err := errors.Join(err0, err1); err != nil {
 		return result{}, err
 	}
-	all := slices.Concat(lat...)
-	slices.Sort(all)
 	notInfo := func(name string) bool { return name != "info" }
 	before, after := redis0.Sum(notInfo), redis1.Sum(notInfo)
-	r := result{decisions: n.Load(), seconds: secs, serverCPU: cpu1 - cpu0, redisCPU: redis1.CPU - redis0.CPU, clientCPU: ccpu1 - ccpu0,
-		redisCalls: int64(after.Calls - before.Calls), redisCmdSecs: (after.Usec - before.Usec) / 1e6}
-	if len(all) > 0 {
-		r.p50, r.p99 = all[len(all)/2], all[len(all)*99/100]
-	}
-	return r, nil
+	us := func(q float64) time.Duration { return time.Duration(res.Latency.ValueAtQuantile(q)) }
+	return result{decisions: res.Calls, seconds: res.Elapsed.Seconds(), p50: us(50), p99: us(99),
+		serverCPU: cpu1 - cpu0, redisCPU: redis1.CPU - redis0.CPU, clientCPU: ccpu1 - ccpu0,
+		redisCalls: int64(after.Calls - before.Calls), redisCmdSecs: (after.Usec - before.Usec) / 1e6}, nil
 }
 
 // procCPU is a process's user and system CPU time, in seconds, from /proc.
@@ -304,8 +278,7 @@ func write(results map[string]map[int][]result, erl, tg string, concs []int, d t
 		for i, r := range rs {
 			v[i] = f(r)
 		}
-		slices.Sort(v)
-		return v[len(v)/2]
+		return load.Median(v)
 	}
 	for _, c := range concs {
 		base := median(results[erl][c], func(r result) float64 { return float64(r.decisions) / r.seconds })

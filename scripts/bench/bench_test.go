@@ -13,11 +13,11 @@ import (
 )
 
 // TestQuickRun runs the bench's core in quick mode against a real redis-server, so
-// `go test ./...` exercises every contender, the report and the chart. It asserts
+// `make test` exercises every contender, the report and the chart. It asserts
 // that every cell decided without errors, never how fast.
 func TestQuickRun(t *testing.T) {
 	srv := redistest.StartServer(t)
-	cfg, err := loadConfig(func(string) string { return "" }, []string{"-quick", "-duration", "40ms", "-warmup", "5ms", "-clients", "200", "-mem-clients", "500", "-filter-requests", "0"})
+	cfg, err := loadConfig(func(string) string { return "" }, []string{"-quick", "-duration", "40ms", "-warmup", "5ms", "-clients", "200", "-filter-requests", "0"})
 	if err != nil {
 		t.Fatalf("loadConfig() = %v", err)
 	}
@@ -37,9 +37,6 @@ func TestQuickRun(t *testing.T) {
 			t.Errorf("cell %s %s c=%d: %d decisions, %d errors (%s), want some and none", c.Subject, c.Keyset, c.Conc, c.Ops, c.Errors, c.FirstErr)
 		}
 	}
-	if got, want := len(res.Memory), len(algoNames())+2; got != want { // and redis_rate, and the floor
-		t.Errorf("run() measured memory for %d rows, want %d", got, want)
-	}
 	if err := writeReport(cfg.Out, res); err != nil {
 		t.Fatalf("writeReport() = %v", err)
 	}
@@ -50,7 +47,7 @@ func TestQuickRun(t *testing.T) {
 		}
 	}
 	report, _ := os.ReadFile(filepath.Join(cfg.Out, "report.md"))
-	for _, want := range []string{"## Targets", "redis_rate", "engine+batch/gcra", "denied/deny-cache", "MEMORY USAGE", "## Script cost"} {
+	for _, want := range []string{"## Targets", "redis_rate", "engine+batch/gcra", "denied/deny-cache", "BenchmarkScriptCost", "TestMemoryTable"} {
 		if !strings.Contains(string(report), want) {
 			t.Errorf("report.md lacks %q", want)
 		}

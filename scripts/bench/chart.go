@@ -27,7 +27,7 @@ func writeChart(path string, r *results) error {
 		}
 	}
 	if len(names) == 0 {
-		return nil // nothing measured (e.g. -only memory): no chart
+		return nil // nothing measured (e.g. -only filter): no chart
 	}
 	// NominalY puts the first name at the bottom; the ceiling belongs on top.
 	slices.Reverse(names)

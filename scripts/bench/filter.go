@@ -6,9 +6,10 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/tollgate-dev/tollgate/scripts/internal/load"
 )
 
 // The filter's figures come from its own benchmarks (wasmfilter/bench_test.go), run
@@ -93,8 +94,7 @@ func parseBenchOutput(out []byte) []filterRow {
 					vs = append(vs, v)
 				}
 			}
-			slices.Sort(vs)
-			row.Metrics[unit] = vs[len(vs)/2]
+			row.Metrics[unit] = load.Median(vs)
 		}
 		rows = append(rows, row)
 	}

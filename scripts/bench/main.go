@@ -1,9 +1,16 @@
 // Command bench runs tollgate side by side with go-redis/redis_rate and the raw
 // Redis ceiling (EVALSHA of `return 1`) on one Redis, with the same key sets and
-// concurrencies, and writes a Markdown report, a JSON file and a chart to dist/bench/.
+// concurrencies, and writes a Markdown report, a JSON file and a chart to dist/bench/:
+// throughput, latency, allocations and Redis's CPU per decision, and the Envoy
+// filter's cost in wazero (from wasmfilter's own benchmarks).
+//
+// What one package measures on its own stays with that package's tests, and the
+// report points there: Redis's script time per call is shared/redisstore's
+// BenchmarkScriptCost, Redis memory per tracked client its TestMemoryTable.
 //
 // It starts its own redis-server on a free loopback port (and stops it at the end)
-// unless REDIS_URL is set. See `make bench` and `go run ./scripts/bench -h`.
+// unless REDIS_URL is set. Paths are the repository root's, wherever it runs from.
+// See `make bench` and `go -C scripts run ./bench -h`.
 package main
 
 import (
@@ -26,6 +33,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/scripts/internal/redisproc"
+	"github.com/tollgate-dev/tollgate/scripts/internal/repo"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 )
 
@@ -38,11 +46,9 @@ type config struct {
 	Warmup      time.Duration // unmeasured time before each cell (-warmup)
 	Conc        []int         // concurrencies (-c)
 	Clients     int           // distinct clients of the "distinct" key set (-clients)
-	MemClients  int           // clients of the memory runs (-mem-clients)
 	Rounds      int           // interleaved rounds per cell (-rounds)
 	Only        string        // regexp on subject names (-only)
 	FilterReqs  int           // requests per filter benchmark (-filter-requests); 0 skips the filter
-	ScriptReqs  int           // decisions per contender and round of the script-cost section (-script-requests); 0 skips it
 	FilterStart int           // VM starts of the filter's start benchmark
 	Quick       bool          // smoke run (-quick)
 	Render      string        // re-render the report from this results.json (-render)
@@ -58,10 +64,8 @@ func defaultConfig() config {
 		Warmup:      300 * time.Millisecond,
 		Conc:        []int{1, 8, 64},
 		Clients:     10000,
-		MemClients:  100000,
 		FilterReqs:  100000,
 		FilterStart: 20,
-		ScriptReqs:  20000,
 	}
 }
 
@@ -73,10 +77,8 @@ func (c *config) quick() {
 	c.Warmup = 20 * time.Millisecond
 	c.Conc = []int{1, 8}
 	c.Clients = 1000
-	c.MemClients = 2000
 	c.FilterReqs = 100
 	c.FilterStart = 2
-	c.ScriptReqs = 200
 }
 
 // loadConfig reads the environment through getenv, then the flags in args.
@@ -93,11 +95,9 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	warm := fs.Duration("warmup", c.Warmup, "unmeasured time before each cell")
 	conc := fs.String("c", "", "comma-separated concurrencies (default 1,8,64)")
 	clients := fs.Int("clients", 0, "distinct clients (default 10000)")
-	mem := fs.Int("mem-clients", 0, "clients per algorithm in the memory runs (default 100000)")
 	freqs := fs.Int("filter-requests", -1, "requests per benchmark of the Envoy filter (default 100000; 0 skips the filter)")
-	sreqs := fs.Int("script-requests", -1, "decisions per contender and round of the script-cost section (default 20000; 0 skips it)")
 	fs.StringVar(&c.Render, "render", "", "write the report from this results.json instead of measuring")
-	fs.StringVar(&c.Only, "only", "", "run only the subjects whose name matches this regexp (memory: \"memory\", script cost: \"script\")")
+	fs.StringVar(&c.Only, "only", "", "run only the subjects whose name matches this regexp (the Envoy filter: \"filter\")")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -118,14 +118,8 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	if *clients > 0 {
 		c.Clients = *clients
 	}
-	if *mem > 0 {
-		c.MemClients = *mem
-	}
 	if *freqs >= 0 {
 		c.FilterReqs = *freqs
-	}
-	if *sreqs >= 0 {
-		c.ScriptReqs = *sreqs
 	}
 	if *conc != "" {
 		c.Conc = nil
@@ -159,6 +153,10 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
+	}
+	if err := repo.Chdir(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -200,8 +198,6 @@ type results struct {
 	Meta     meta          `json:"meta"`
 	Subjects []subjectInfo `json:"subjects"`
 	Cells    []cell        `json:"cells"`
-	Memory   []memRow      `json:"memory"`
-	Script   []scriptRow   `json:"script_cost,omitempty"`
 	Filter   []filterRow   `json:"filter,omitempty"`
 }
 
@@ -224,7 +220,6 @@ type meta struct {
 	Rounds       int      `json:"rounds"`
 	Warmup       string   `json:"cell_warmup"`
 	Clients      int      `json:"clients"`
-	MemClients   int      `json:"memory_clients"`
 	Conc         []int    `json:"concurrency"`
 	LoadBefore   string   `json:"loadavg_before"`
 	LoadAfter    string   `json:"loadavg_after"`
@@ -233,7 +228,7 @@ type meta struct {
 }
 
 // run is the bench's core: it starts Redis (unless cfg.RedisURL is set), measures
-// every cell and the memory, and stops Redis again. Progress goes to progressOut.
+// every cell and the filter, and stops Redis again. Progress goes to progressOut.
 func run(ctx context.Context, cfg config, progressOut io.Writer) (*results, error) {
 	url := cfg.RedisURL
 	if url == "" {
@@ -289,17 +284,9 @@ func run(ctx context.Context, cfg config, progressOut io.Writer) (*results, erro
 		plan = append(plan, s)
 		total += len(s.Keysets) * len(cfg.Conc) * cfg.Rounds
 	}
-	withMemory := only == nil || only.MatchString("memory")
-	if withMemory {
-		total += len(algoNames()) + 2 // and redis_rate, and the floor row
-	}
 	withFilter := cfg.FilterReqs > 0 && (only == nil || only.MatchString("filter"))
 	if withFilter {
 		total += 2
-	}
-	withScript := cfg.ScriptReqs > 0 && (only == nil || only.MatchString("script"))
-	if withScript {
-		total += (len(algoNames()) + 2) * cfg.Rounds
 	}
 	prog := newProgress(progressOut, total)
 	defer prog.finish()
@@ -359,21 +346,6 @@ func run(ctx context.Context, cfg config, progressOut io.Writer) (*results, erro
 			}
 		}
 	}
-	e.prefix = ""
-	if withScript {
-		rows, err := measureScriptCost(ctx, e, cfg.ScriptReqs, cfg.Rounds, prog.step)
-		if err != nil {
-			return nil, err
-		}
-		res.Script = rows
-	}
-	if withMemory {
-		rows, err := measureMemory(ctx, e, cfg.MemClients, prog.step)
-		if err != nil {
-			return nil, err
-		}
-		res.Memory = rows
-	}
 	if withFilter {
 		rows, err := filterRuns(ctx, cfg.FilterStart, cfg.FilterReqs, cfg.Rounds, prog.step)
 		if err != nil {
@@ -388,7 +360,7 @@ func run(ctx context.Context, cfg config, progressOut io.Writer) (*results, erro
 func newMeta(ctx context.Context, cfg config, e *env) meta {
 	m := meta{
 		Date:       time.Now().UTC().Format(time.RFC3339),
-		Command:    strings.TrimSpace("go run ./scripts/bench " + strings.Join(cfg.Args, " ")),
+		Command:    strings.TrimSpace("go -C scripts run ./bench " + strings.Join(cfg.Args, " ")),
 		Quick:      cfg.Quick,
 		GoVersion:  runtime.Version(),
 		Platform:   runtime.GOOS + "/" + runtime.GOARCH,
@@ -398,7 +370,6 @@ func newMeta(ctx context.Context, cfg config, e *env) meta {
 		Rounds:     cfg.Rounds,
 		Warmup:     cfg.Warmup.String(),
 		Clients:    cfg.Clients,
-		MemClients: cfg.MemClients,
 		Conc:       cfg.Conc,
 		LoadBefore: loadavg(),
 	}

@@ -9,8 +9,15 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 )
+
+// elsewhere says where the figures that one package measures on its own are: the
+// package's tests measure them, and the bench does not again.
+const elsewhere = "Redis's script time per call of each algorithm beside redis_rate's script and `return 1`: " +
+	"`go test -run '^$' -bench BenchmarkScriptCost ./shared/redisstore/` (redis-µs/call, redis-cpu-µs/call). " +
+	"Redis memory per tracked client, per algorithm: `go test -run TestMemoryTable -v ./shared/redisstore/` (the table is logged)."
 
 // writeReport writes report.md, results.json, throughput.svg and README-section.md
 // to dir.
@@ -40,15 +47,6 @@ func (r *results) find(subject string, ks keyset, c int) *cell {
 		x := &r.Cells[i]
 		if x.Subject == subject && x.Keyset == ks && x.Conc == c {
 			return x
-		}
-	}
-	return nil
-}
-
-func (r *results) memory(name string) *memRow {
-	for i := range r.Memory {
-		if r.Memory[i].Name == name {
-			return &r.Memory[i]
 		}
 	}
 	return nil
@@ -156,18 +154,18 @@ func (r *results) targets() []target {
 		var worstName string
 		var parts []string
 		measured := true
-		for _, a := range algoNames() {
-			if a == "sliding_log" {
+		for _, a := range algo.Algorithms {
+			if a == algo.SlidingLog {
 				continue
 			}
-			x := ratio(r.find(prefix+"/"+a, distinct, 64), r.find("ceiling", distinct, 64))
+			x := ratio(r.find(prefix+"/"+string(a), distinct, 64), r.find("ceiling", distinct, 64))
 			if math.IsNaN(x) {
 				measured = false
 				continue
 			}
 			parts = append(parts, fmt.Sprintf("%s %s", a, f2(x)))
 			if x < worst {
-				worst, worstName = x, a
+				worst, worstName = x, string(a)
 			}
 		}
 		ts = append(ts, target{
@@ -217,21 +215,6 @@ func (r *results) targets() []target {
 		x := ratio(r.find("denied/deny-cache", hot, c), r.find("denied/redis", hot, c))
 		ts = append(ts, target{Goal: fmt.Sprintf("deny cache ≥ 50× Redis-backed denials, c=%d", c), Measured: f1(x) + "×", Status: status(x >= 50, !math.IsNaN(x))})
 	}
-	for _, m := range []struct {
-		name string
-		max  float64
-	}{{"gcra", 100}, {"fixed_window", 100}, {"token_bucket", 150}} {
-		row := r.memory(m.name)
-		t := target{Goal: fmt.Sprintf("Redis memory per %s client ≤ %.0f bytes", m.name, m.max), Status: status(false, false)}
-		if row != nil {
-			t.Measured = fmt.Sprintf("%.0f B used_memory, %.0f B MEMORY USAGE", row.PerClient, row.Usage)
-			if fl := r.memory(floorRow); fl != nil {
-				t.Measured += fmt.Sprintf(" (a bare key with a TTL: %.0f B used_memory)", fl.PerClient)
-			}
-			t.Status = status(row.PerClient <= m.max, true)
-		}
-		ts = append(ts, t)
-	}
 	return ts
 }
 
@@ -249,25 +232,18 @@ func reportMarkdown(r *results) []byte {
 	}
 	fmt.Fprintf(&b, ".\n")
 	fmt.Fprintf(&b, "- Software: %s, Redis %s, %s.\n", m.GoVersion, m.RedisVersion, strings.Join(m.Deps, ", "))
-	fmt.Fprintf(&b, "- Method: every contender runs on the same redis-server (loopback, no persistence) and the same go-redis client options (tollgate's `redisstore.Config`: retries off, pool of %d connections). Each cell is %d rounds of %s measured (after %s of warm-up) with N workers in a closed loop; the rounds of all contenders are interleaved, so a burst of load from elsewhere slows them alike, and a cell's throughput is the median of its rounds. Key sets: **distinct** = %d clients round robin, **hot** = one client. Latency is per decision over all rounds (HdrHistogram, 3 significant digits). Allocations are the whole process's (`runtime.MemStats`) per decision; Redis time is `INFO commandstats` (script time) and `INFO cpu` (the process, sockets included).\n\n", m.PoolSize, m.Rounds, m.Duration, m.Warmup, m.Clients)
+	fmt.Fprintf(&b, "- Method: every contender runs on the same redis-server (loopback, no persistence) and the same go-redis client options (tollgate's `redisstore.Config`: retries off, pool of %d connections). Each cell is %d rounds of %s measured (after %s of warm-up) with N workers in a closed loop; the rounds of all contenders are interleaved, so a burst of load from elsewhere slows them alike, and a cell's throughput is the median of its rounds. Key sets: **distinct** = %d clients round robin, **hot** = one client. Latency is per decision over all rounds (HdrHistogram, 3 significant digits). Allocations are the whole process's (`runtime.MemStats`) per decision; Redis time is `INFO commandstats` (script time) and `INFO cpu` (the process, sockets included).\n", m.PoolSize, m.Rounds, m.Duration, m.Warmup, m.Clients)
+	fmt.Fprintf(&b, "- Elsewhere: %s\n\n", elsewhere)
 
 	fmt.Fprintf(&b, "## Targets (issue 7)\n\n| goal | measured | result |\n| --- | --- | --- |\n")
 	for _, t := range r.targets() {
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", t.Goal, t.Measured, t.Status)
 	}
-	scriptSection(&b, r)
 
 	fmt.Fprintf(&b, "\n## Throughput, %d distinct clients\n\n![decisions per second](throughput.svg)\n\n", m.Clients)
 	summaryTable(&b, r, distinct)
 
 	batchingTable(&b, r)
-
-	fmt.Fprintf(&b, "\n## Redis memory per tracked client (%d clients, one decision each)\n\n", m.MemClients)
-	fmt.Fprintf(&b, "| algorithm | keys per client | used_memory growth per client (B) | MEMORY USAGE per client (B) |\n| --- | ---: | ---: | ---: |\n")
-	for _, row := range r.Memory {
-		fmt.Fprintf(&b, "| %s | %.2f | %.0f | %.0f |\n", row.Name, float64(row.Keys)/float64(max(1, row.Clients)), row.PerClient, row.Usage)
-	}
-	fmt.Fprintf(&b, "\nused_memory growth includes the key, the value, the TTL entry and each key's share of Redis's hash tables; MEMORY USAGE counts the key and value only. %q is the floor of any limiter that keeps one key with a TTL per client and stores a timestamp in it: a plain `SET` of a 16-digit integer with a TTL, under the key tollgate's gcra uses. A small count (fixed_window) can cost less: Redis shares the robjs of the integers below 10,000, unless maxmemory-policy is an LRU or LFU one.\n", floorRow)
 
 	filterSection(&b, r)
 
@@ -280,25 +256,6 @@ func reportMarkdown(r *results) []byte {
 		fmt.Fprintf(&b, "- **%s**: %s.\n", s.Name, s.Desc)
 	}
 	return b.Bytes()
-}
-
-// scriptSection shows what Redis spends on one unbatched decision (issue 14): script
-// time per call beside a minimal script of fixed_window's commands and redis_rate.
-func scriptSection(b *bytes.Buffer, r *results) {
-	if len(r.Script) == 0 {
-		return
-	}
-	fmt.Fprintf(b, "\n## Script cost: Redis's time per unbatched decision\n\n")
-	fmt.Fprintf(b, "Every contender on the same redis-server, one decision per call, in pipelines of 100, the contenders interleaved over %d rounds; the figure is the median round's `INFO commandstats` script time (EVAL, EVALSHA, FCALL) per call. %q is the least a fixed window can run: its two commands in a script that decides nothing. redis_rate's row is its own script with the arguments its `Allow` sends; tollgate's rows are the `FCALL` an unbatched decision of one limit sends.\n\n", r.Meta.Rounds, minimalRow)
-	fmt.Fprintf(b, "| contender | script µs/call | × minimal | × redis_rate | calls/decision |\n| --- | ---: | ---: | ---: | ---: |\n")
-	floor, rr := r.scriptRow(minimalRow), r.scriptRow("redis_rate")
-	for _, row := range r.Script {
-		fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", row.Name, f2(row.UsecPerCall), f2(row.UsecPerCall/floor.UsecPerCall), f2(row.UsecPerCall/rr.UsecPerCall), f2(row.CallsPerOp))
-	}
-	fmt.Fprintf(b, "\n| goal | measured | result |\n| --- | --- | --- |\n")
-	for _, t := range r.scriptTargets() {
-		fmt.Fprintf(b, "| %s | %s | %s |\n", t.Goal, t.Measured, t.Status)
-	}
 }
 
 // batchingTable shows what automatic batching does to one gcra limit: today's store
@@ -400,15 +357,10 @@ func readmeSection(r *results) []byte {
 	var b bytes.Buffer
 	m := r.Meta
 	fmt.Fprintf(&b, "## Performance\n\n")
-	fmt.Fprintf(&b, "`make bench` runs tollgate side by side with [go-redis/redis_rate](https://github.com/go-redis/redis_rate) and the raw Redis ceiling (an `EVALSHA` of `return 1`) on one redis-server it starts on loopback, and writes `dist/bench/report.md` (every cell, Redis CPU and memory, allocations) and `dist/bench/throughput.svg`. ")
+	fmt.Fprintf(&b, "`make bench` runs tollgate side by side with [go-redis/redis_rate](https://github.com/go-redis/redis_rate) and the raw Redis ceiling (an `EVALSHA` of `return 1`) on one redis-server it starts on loopback, and writes `dist/bench/report.md` (every cell, Redis CPU, allocations) and `dist/bench/throughput.svg`. ")
 	fmt.Fprintf(&b, "The figures below come from `%s` on %s (%s, %d CPUs shared by the bench, Redis and other work; load average %s), %s, Redis %s.\n\n", m.Command, m.Date[:10], m.CPU, m.NumCPU, m.LoadBefore, m.GoVersion, m.RedisVersion)
 	fmt.Fprintf(&b, "![decisions per second](dist/bench/throughput.svg)\n\n")
 	summaryTable(&b, r, distinct)
-	fmt.Fprintf(&b, "\nRedis memory per tracked client (used_memory growth over %d clients):", m.MemClients)
-	for _, row := range r.Memory {
-		fmt.Fprintf(&b, " %s %.0f B;", row.Name, row.PerClient)
-	}
-	b.Truncate(b.Len() - 1)
-	fmt.Fprintf(&b, ".\n")
+	fmt.Fprintf(&b, "\n%s\n", elsewhere)
 	return b.Bytes()
 }

@@ -1,6 +1,7 @@
 // Command demo fires a scripted burst of requests at a running decision service and
-// prints, per rule of the default policy, how many were allowed and denied and the
-// rate-limit headers of the first and last answers.
+// prints, per rule of the default policy, the cost each request sends, how many were
+// allowed and denied, and a short form of the first and last answers, in at most 100
+// columns.
 package main
 
 import (
@@ -41,7 +42,7 @@ func main() {
 		os.Exit(1)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "rule\tsent\tallowed\tdenied\tdelayed\tshadow-denied\tfirst answer\tlast answer")
+	fmt.Fprintln(tw, "rule\tcost\tsent\tallowed\tdenied\tdelayed\tshadow\tfirst answer\tlast answer")
 	for _, s := range scenarios {
 		var allowed, denied, delayed, shadowDenied int
 		var first, last string
@@ -84,17 +85,25 @@ func main() {
 			}
 			last = h
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", s.rule, s.n, allowed, denied, delayed, shadowDenied, first, last)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", s.rule, s.cost, s.n, allowed, denied, delayed, shadowDenied, first, last)
 	}
 	tw.Flush()
+	fmt.Println("\nshadow: answers a shadow limit would have denied (it never does). An answer is the")
+	fmt.Println("status, the deciding limit's remaining units (left) and, when denied, Retry-After.")
 }
 
+// summary is a short form of an answer: its status, the deciding limit's remaining
+// units and, when denied or delayed, how long to wait.
 func summary(r *http.Response) string {
 	parts := []string{fmt.Sprint(r.StatusCode)}
-	for _, h := range []string{"RateLimit", "RateLimit-Policy", "Retry-After", "X-Tollgate-Delay-Ms"} {
-		if v := r.Header.Get(h); v != "" {
-			parts = append(parts, h+": "+v)
-		}
+	if v := r.Header.Get("X-RateLimit-Remaining"); v != "" {
+		parts = append(parts, "left "+v)
 	}
-	return strings.Join(parts, "; ")
+	if v := r.Header.Get("Retry-After"); v != "" {
+		parts = append(parts, "retry "+v+"s")
+	}
+	if v := r.Header.Get("X-Tollgate-Delay-Ms"); v != "" {
+		parts = append(parts, "delay "+v+"ms")
+	}
+	return strings.Join(parts, " ")
 }

@@ -4,7 +4,10 @@
 // hands it the event -n times, printing every answer. The Redis state lives in this
 // process, so repeated invocations show the limits running out.
 //
-//	go run ./scripts/invoke [-n N] [-policy FILE] [-function authorizer|limiter] [-logs] EVENT.json
+//	go -C scripts run ./invoke [-n N] [-policy FILE] [-function authorizer|limiter] [-logs] EVENT.json
+//
+// Paths are the repository root's, wherever it runs from (scripts/invoke.sh and
+// `make invoke` run it).
 //
 // The function is told from the event: a Function URL event goes to the decision
 // service (lambda/limiter), an API Gateway authorizer event to lambda/authorizer.
@@ -28,10 +31,16 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+
+	"github.com/tollgate-dev/tollgate/scripts/internal/repo"
 )
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	err := repo.Chdir()
+	if err == nil {
+		err = run(os.Args[1:], os.Stdout, os.Stderr)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "invoke:", err)
 		os.Exit(1)
 	}
@@ -54,7 +63,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.function, "function", "", "authorizer or limiter (default: told from the event)")
 	fs.BoolVar(&o.logs, "logs", false, "print the function's logs and metric lines to stderr")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: go run ./scripts/invoke [-n N] [-policy FILE] [-function authorizer|limiter] [-logs] EVENT.json")
+		fmt.Fprintln(stderr, "usage: go -C scripts run ./invoke [-n N] [-policy FILE] [-function authorizer|limiter] [-logs] EVENT.json")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -100,7 +109,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	defer os.RemoveAll(dir)
 	bin := filepath.Join(dir, "bootstrap")
-	root, err := moduleRoot()
+	wd, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	root, err := repo.Root(wd)
 	if err != nil {
 		return err
 	}
@@ -167,25 +180,6 @@ func run(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, render(res.body, o.n == 1))
 	}
 	return nil
-}
-
-// moduleRoot returns the nearest directory at or above the working directory that
-// holds go.mod.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory: run from the tollgate repository")
-		}
-		dir = parent
-	}
 }
 
 // functionFor tells the function from the event: a Function URL event (payload 2.0

@@ -10,7 +10,8 @@
 //   - Redis's key count back to its floor (zero) once the TTLs run out, and no key
 //     without a TTL at any point it looks.
 //
-// It writes a Markdown report (-report, default docs/soak/report.md). See `make soak`.
+// It writes a Markdown report (-report, default docs/soak/report.md; paths are the
+// repository root's, wherever it runs from). See `make soak`.
 package main
 
 import (
@@ -31,13 +32,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate-dev/tollgate/scripts/internal/load"
 	"github.com/tollgate-dev/tollgate/scripts/internal/redisproc"
+	"github.com/tollgate-dev/tollgate/scripts/internal/repo"
 )
 
 // The limits the exactness checks know.
@@ -111,6 +113,10 @@ func main() {
 	if c.warmup == 0 {
 		c.warmup = c.duration / 10
 	}
+	if err := repo.Chdir(); err != nil {
+		fmt.Fprintln(os.Stderr, "soak:", err)
+		os.Exit(1)
+	}
 	report, err := run(context.Background(), c)
 	fmt.Print(report)
 	if c.report != "" && report != "" {
@@ -166,67 +172,52 @@ func run(ctx context.Context, c config) (string, error) {
 		return "", fmt.Errorf("%w; service log: %s", err, svcLog.String())
 	}
 
-	var (
-		mu         sync.Mutex
-		admissions []admission
-		sent       atomic.Int64
-		degraded   atomic.Int64
-		failures   atomic.Int64 // transport errors and 5xx other than the failure mode's 503
-		firstFail  atomic.Value
-		stop       = make(chan struct{})
-		wg         sync.WaitGroup
-	)
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: c.clients}}
-	for w := range c.clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			var mine []admission
-			defer func() { mu.Lock(); admissions = append(admissions, mine...); mu.Unlock() }()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				path := paths[rng.IntN(len(paths))]
-				// Hot keys: a few shared by every client, over their limits; cold keys:
-				// many, each seen now and then.
-				key := "hot-" + strconv.Itoa(rng.IntN(4))
-				if rng.IntN(3) == 0 {
-					key = "cold-" + strconv.Itoa(rng.IntN(5000))
-				}
-				body := fmt.Sprintf(`{"domain":"soak","attributes":{"api_key":%q,"path":%q}}`, key, path)
-				resp, err := client.Post(base+"/v1/check", "application/json", strings.NewReader(body))
-				sent.Add(1)
-				if err != nil {
-					failures.Add(1)
-					firstFail.CompareAndSwap(nil, err.Error())
-					continue
-				}
-				var a struct {
-					Allowed      bool  `json:"allowed"`
-					Degraded     bool  `json:"degraded"`
-					ResetAfterMs int64 `json:"reset_after_ms"`
-				}
-				err = json.NewDecoder(resp.Body).Decode(&a)
-				resp.Body.Close()
-				switch {
-				case err != nil:
-					failures.Add(1)
-					firstFail.CompareAndSwap(nil, "decoding an answer: "+err.Error())
-				case a.Degraded:
-					degraded.Add(1)
-				case resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests:
-					failures.Add(1)
-					firstFail.CompareAndSwap(nil, resp.Status)
-				case a.Allowed:
-					mine = append(mine, admission{key: path + " " + key, at: time.Now(), reset: time.Duration(a.ResetAfterMs) * time.Millisecond})
-				}
-			}
-		}()
+	// The load: closed-loop clients, each on a key mix of its own; a worker's
+	// admissions go to its own slice, joined once the load has stopped.
+	var degraded atomic.Int64
+	rngs := make([]*rand.Rand, c.clients)
+	mine := make([][]admission, c.clients)
+	for w := range rngs {
+		rngs[w] = rand.New(rand.NewPCG(uint64(w), 7))
 	}
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: c.clients}}
+	check := func(ctx context.Context, w, _ int) error {
+		rng := rngs[w]
+		path := paths[rng.IntN(len(paths))]
+		// Hot keys: a few shared by every client, over their limits; cold keys:
+		// many, each seen now and then.
+		key := "hot-" + strconv.Itoa(rng.IntN(4))
+		if rng.IntN(3) == 0 {
+			key = "cold-" + strconv.Itoa(rng.IntN(5000))
+		}
+		body := fmt.Sprintf(`{"domain":"soak","attributes":{"api_key":%q,"path":%q}}`, key, path)
+		resp, err := client.Post(base+"/v1/check", "application/json", strings.NewReader(body))
+		if err != nil {
+			return err
+		}
+		var a struct {
+			Allowed      bool  `json:"allowed"`
+			Degraded     bool  `json:"degraded"`
+			ResetAfterMs int64 `json:"reset_after_ms"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&a)
+		resp.Body.Close()
+		switch {
+		case err != nil:
+			return fmt.Errorf("decoding an answer: %w", err)
+		case a.Degraded:
+			degraded.Add(1)
+		case resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests:
+			return errors.New(resp.Status)
+		case a.Allowed:
+			mine[w] = append(mine[w], admission{key: path + " " + key, at: time.Now(), reset: time.Duration(a.ResetAfterMs) * time.Millisecond})
+		}
+		return nil
+	}
+	// The service is ready: every request from the first counts.
+	traffic := load.Start(ctx, load.Options{Workers: c.clients}, check)
+	defer traffic.Stop() // on an early return
+	traffic.Measure()
 
 	start := time.Now()
 	var samples []sample
@@ -261,9 +252,9 @@ func run(ctx context.Context, c config) (string, error) {
 			restartDone = time.Now()
 		}
 	}
-	close(stop)
-	wg.Wait()
-	loadTime := time.Since(start)
+	res := traffic.Stop()
+	loadTime := res.Elapsed
+	admissions := slices.Concat(mine...)
 	final, err := scrape(base)
 	if err != nil {
 		return "", err
@@ -299,8 +290,8 @@ func run(ctx context.Context, c config) (string, error) {
 	if logOver > 0 {
 		problems = append(problems, fmt.Sprintf("%d sliding_log admissions exceeded %d in %v", logOver, logLimit, logWindow))
 	}
-	if n := failures.Load(); n > 0 {
-		problems = append(problems, fmt.Sprintf("%d requests failed (first: %v)", n, firstFail.Load()))
+	if res.Errors > 0 {
+		problems = append(problems, fmt.Sprintf("%d requests failed (first: %v)", res.Errors, res.FirstErr))
 	}
 	if final.reloadsApplied < 1 {
 		problems = append(problems, "the policy reload was not applied")
@@ -323,10 +314,10 @@ func run(ctx context.Context, c config) (string, error) {
 	fmt.Fprintf(&b, "Run %s: the decision service (lambda/limiter, batching on) on redis-server, %d closed-loop clients over %v, every algorithm, hot keys (4, over their limits) and cold keys (5,000). Policy reloaded at %v (applied: %v), Redis killed and restarted at %v.\n\n",
 		start.UTC().Format(time.RFC3339), c.clients, loadTime.Round(time.Second), reloadAt.Sub(start).Round(time.Second), final.reloadsApplied >= 1, restartAt.Sub(start).Round(time.Second))
 	fmt.Fprintf(&b, "| figure | value |\n|---|---|\n")
-	fmt.Fprintf(&b, "| requests | %d (%.0f/s) |\n", sent.Load(), float64(sent.Load())/loadTime.Seconds())
+	fmt.Fprintf(&b, "| requests | %d (%.0f/s) |\n", res.Calls, res.Rate())
 	fmt.Fprintf(&b, "| admitted | %d |\n", len(admissions))
 	fmt.Fprintf(&b, "| failure-mode answers (Redis restarting) | %d |\n", degraded.Load())
-	fmt.Fprintf(&b, "| failed requests | %d |\n", failures.Load())
+	fmt.Fprintf(&b, "| failed requests | %d |\n", res.Errors)
 	fmt.Fprintf(&b, "| fixed_window windows checked / over %d / left out (restart) | %d / %d / %d |\n", fixedLimit, fixedWindows, fixedOver, fixedSkipped)
 	fmt.Fprintf(&b, "| leased fixed_window (one key for all clients) windows checked / over %d / left out (restart) | %d / %d / %d |\n", leasedLimit, leasedWindows, leasedOver, leasedSkipped)
 	fmt.Fprintf(&b, "| sliding_log admissions over %d per %v / left out (restart) | %d / %d |\n", logLimit, logWindow, logOver, logSkipped)

@@ -2,6 +2,7 @@ package decision_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -101,11 +102,29 @@ var parseCases = []struct {
 	{body: `{"domain":"test","cost":1.0}`, field: "cost", err: "cost must be a whole number"},
 	{body: `{"domain":"test","cost":"1"}`, field: "cost", err: "cost must be a whole number, not a JSON string"},
 	{body: `{"domain":"test","cost":9999999999999999999}`, field: "cost", err: "cost must be a whole number"},
-	{body: `{"domain":"test","cost":-1}`, field: "cost", err: "cost must be from 0 to 1048576"},
-	{body: fmt.Sprintf(`{"domain":"test","cost":%d}`, bounds.MaxCost+1), field: "cost", err: "cost must be from 0 to"},
-	{body: manyAttributes(bounds.MaxAttributes + 1), field: "attributes", err: "65 attributes; at most 64"},
-	{body: `{"domain":"test","attributes":{"api_key":"` + strings.Repeat("x", 1025) + `"}}`, field: "attributes.api_key", err: "value longer than 1024 bytes"},
 	{body: `{"domain":"test","attributes":{"a":"` + strings.Repeat("x", bounds.MaxBody) + `"}}`, err: "body is larger than 16384 bytes"},
+}
+
+// boundsCases are bodies that parse but pass the bounds of package bounds, which the
+// engine checks for every front door: /v1/check answers 400 naming the field.
+var boundsCases = []struct{ body, field, err string }{
+	{`{"domain":"test","cost":-1}`, "cost", "cost must be from 0 to 1048576"},
+	{fmt.Sprintf(`{"domain":"test","cost":%d}`, bounds.MaxCost+1), "cost", "cost must be from 0 to"},
+	{manyAttributes(bounds.MaxAttributes + 1), "attributes", "65 attributes; at most 64"},
+	{`{"domain":"test","attributes":{"api_key":"` + strings.Repeat("x", 1025) + `"}}`, "attributes.api_key", "value longer than 1024 bytes"},
+}
+
+func TestCheckBounds(t *testing.T) {
+	t.Parallel()
+	h := inProcessHandler(t)
+	for _, tc := range boundsCases {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/check", strings.NewReader(tc.body)))
+		var er decision.ErrorResponse
+		if err := json.Unmarshal(rec.Body.Bytes(), &er); err != nil || rec.Code != http.StatusBadRequest || er.Field != tc.field || !strings.Contains(er.Error, tc.err) {
+			t.Errorf("POST %.80q = %d %s; want 400 with an error on field %q containing %q", tc.body, rec.Code, rec.Body, tc.field, tc.err)
+		}
+	}
 }
 
 func TestParseCheckRequest(t *testing.T) {
@@ -174,7 +193,7 @@ func TestCheckAnswerBytes(t *testing.T) {
 			`{"allowed":true,"domain":"test","rule":"lb","limit":2,"remaining":0,"reset_after_ms":860,"retry_after_ms":0,"delay_ms":360,"degraded":false,"limits":[{"rule":"lb","algorithm":"leaky_bucket","allowed":true,"shadow":false,"limit":2,"window_ms":1000,"remaining":0,"reset_after_ms":860,"retry_after_ms":0,"delay_ms":360}]}`},
 		{`{"domain":"test","attributes":{"api_key":"k1","path":"/nowhere"}}`, http.StatusOK,
 			http.Header{},
-			`{"allowed":true,"domain":"test","limit":0,"remaining":0,"reset_after_ms":0,"retry_after_ms":0,"delay_ms":0,"degraded":false,"limits":[]}`},
+			`{"allowed":true,"domain":"test","limit":0,"remaining":0,"reset_after_ms":0,"retry_after_ms":0,"delay_ms":0,"degraded":false,"limits":[],"note":"no rule of the policy matches this request, so nothing limits it"}`},
 		{`{"domain":"nope<&>"}`, http.StatusBadRequest, http.Header{},
 			`{"error":"bad request: unknown domain \"nope\u003c\u0026\u003e\": this service decides domain \"test\"","field":"domain"}`},
 		{`{"domain":"test","colour":1}`, http.StatusBadRequest, http.Header{},

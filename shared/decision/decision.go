@@ -125,7 +125,13 @@ type CheckResponse struct {
 	Degraded     bool        `json:"degraded"`
 	Cached       bool        `json:"cached,omitempty"`
 	Limits       []LimitJSON `json:"limits"`
+	// Note says why an allowed answer has no limit: no rule of the policy matches
+	// the request.
+	Note string `json:"note,omitempty"`
 }
+
+// NoRuleNote is the Note of an answer to a request that no rule matches.
+const NoRuleNote = "no rule of the policy matches this request, so nothing limits it"
 
 // ErrorResponse is the body of a 4xx/5xx answer.
 type ErrorResponse struct {
@@ -141,7 +147,8 @@ func ms(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
-// ParseCheckRequest decodes and checks a /v1/check body. Errors name the field.
+// ParseCheckRequest decodes a /v1/check body. Errors name the field. The engine
+// checks the request's bounds (Engine.Plan).
 //
 // The body is decoded by github.com/go-json-experiment/json (encoding/json/v2),
 // which is strict where encoding/json is lenient: names must match exactly
@@ -166,9 +173,7 @@ func ParseCheckRequest(body []byte) (engine.Request, *ErrorResponse) {
 	if cr.Cost != nil {
 		r.Cost = *cr.Cost
 	}
-	if err := bounds.Check(r.Attributes, r.Cost); err != nil {
-		return engine.Request{}, &ErrorResponse{Error: err.Msg, Field: err.Field}
-	}
+	// Its bounds (package bounds) are the engine's to check, once for every front door.
 	return r, nil
 }
 
@@ -249,14 +254,8 @@ func want(field string) string {
 }
 
 func (h *handler) check(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, bounds.MaxBody+1))
-	if err != nil {
-		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: "reading body: " + err.Error()})
-		return
-	}
-	req, perr := ParseCheckRequest(body)
-	if perr != nil {
-		writeJSON(w, http.StatusBadRequest, perr)
+	req, ok := readRequest(w, r)
+	if !ok {
 		return
 	}
 	v, err := h.eng.Check(r.Context(), req)
@@ -294,7 +293,7 @@ func Response(domain string, v engine.Verdict) CheckResponse {
 		Domain:       domain,
 		Rule:         v.Rule,
 		Reason:       v.Reason,
-		Limit:        v.Decision.Limit,
+		Limit:        v.Quota,
 		Remaining:    max(0, v.Decision.Remaining),
 		ResetAfterMs: ms(v.Decision.ResetAfter),
 		RetryAfterMs: ms(v.Decision.RetryAfter),
@@ -303,11 +302,11 @@ func Response(domain string, v engine.Verdict) CheckResponse {
 		Cached:       v.Cached,
 		Limits:       make([]LimitJSON, 0, len(v.Limits)),
 	}
-	if d, ok := v.Deciding(); ok {
-		cr.Limit, _ = quota(d)
+	if len(v.Limits) == 0 && !v.Degraded {
+		cr.Note = NoRuleNote
 	}
 	for _, l := range v.Limits {
-		q, w := quota(l)
+		q, w := l.Stated()
 		cr.Limits = append(cr.Limits, LimitJSON{
 			Rule: l.Rule, Algorithm: string(l.Algorithm), Allowed: l.Allowed, Shadow: l.Shadow,
 			Limit: q, WindowMs: ms(w), Remaining: max(0, l.Remaining),
@@ -315,14 +314,6 @@ func Response(domain string, v engine.Verdict) CheckResponse {
 		})
 	}
 	return cr
-}
-
-// quota is a limit's quota and window as the headers state them.
-func quota(l engine.LimitResult) (int64, time.Duration) {
-	if l.Spec.Count == 0 {
-		return l.Decision.Limit, l.Period
-	}
-	return algo.QuotaWindow(l.Spec)
 }
 
 // ReadyResponse is the body of a /readyz answer.
@@ -418,7 +409,9 @@ type LimitState struct {
 	Records map[string]int64 `json:"records,omitempty"`
 }
 
-func (h *handler) adminRequest(w http.ResponseWriter, r *http.Request) (engine.Request, bool) {
+// readRequest reads and parses the body of a /v1/check (or admin) request, and
+// answers the client's mistake: 413 for a body over bounds.MaxBody, else 400.
+func readRequest(w http.ResponseWriter, r *http.Request) (engine.Request, bool) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, bounds.MaxBody+1))
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: "reading body: " + err.Error()})
@@ -426,14 +419,18 @@ func (h *handler) adminRequest(w http.ResponseWriter, r *http.Request) (engine.R
 	}
 	req, perr := ParseCheckRequest(body)
 	if perr != nil {
-		writeJSON(w, http.StatusBadRequest, perr)
+		status := http.StatusBadRequest
+		if len(body) > bounds.MaxBody {
+			status = http.StatusRequestEntityTooLarge
+		}
+		writeJSON(w, status, perr)
 		return engine.Request{}, false
 	}
 	return req, true
 }
 
 func (h *handler) state(w http.ResponseWriter, r *http.Request) {
-	req, ok := h.adminRequest(w, r)
+	req, ok := readRequest(w, r)
 	if !ok {
 		return
 	}
@@ -447,12 +444,11 @@ func (h *handler) state(w http.ResponseWriter, r *http.Request) {
 		h.writeEngineError(w, err)
 		return
 	}
-	keys, meters := plan.Check.Keys, plan.Check.Meters
-	sr := StateResponse{Domain: req.Domain, Check: Response(req.Domain, v), Keys: keys}
-	for i, k := range keys {
-		ls := LimitState{Key: k}
-		if meters[i].Record != "" || meters[i].Algorithm().CanRecord() {
-			recs, err := h.opts.Admin.Records(r.Context(), k, meters[i])
+	sr := StateResponse{Domain: req.Domain, Check: Response(req.Domain, v), Keys: plan.Check().Keys}
+	for _, it := range plan.Items {
+		ls := LimitState{Key: it.Key}
+		if it.Meter.Record != "" || it.Meter.Algorithm().CanRecord() {
+			recs, err := h.opts.Admin.Records(r.Context(), it.Key, it.Meter)
 			if err != nil {
 				h.writeEngineError(w, err)
 				return
@@ -465,7 +461,7 @@ func (h *handler) state(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) reset(w http.ResponseWriter, r *http.Request) {
-	req, ok := h.adminRequest(w, r)
+	req, ok := readRequest(w, r)
 	if !ok {
 		return
 	}

@@ -2,6 +2,7 @@ package decision_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -228,31 +229,33 @@ func TestBadInput(t *testing.T) {
 	manyJSON, _ := json.Marshal(map[string]any{"domain": "test", "attributes": many})
 	tests := []struct {
 		name, body, want string
+		status           int // 0: 400
 	}{
-		{"malformed JSON", `{"domain": "test", `, "malformed JSON"},
-		{"not an object", `[1,2]`, "must be"},
-		{"empty", ``, "empty body"},
-		{"unknown domain", `{"domain":"nope","attributes":{}}`, "unknown domain"},
-		{"missing domain", `{"attributes":{}}`, "domain is required"},
-		{"unknown field", `{"domain":"test","attributes":{},"colour":1}`, `unknown field "colour"`},
-		{"attribute not a string", `{"domain":"test","attributes":{"api_key":5}}`, "must be"},
-		{"negative cost", `{"domain":"test","attributes":{},"cost":-1}`, "cost must be"},
-		{"too many attributes", string(manyJSON), "at most 64"},
-		{"value over 1 KiB", `{"domain":"test","attributes":{"api_key":"` + strings.Repeat("x", 1025) + `"}}`, "longer than 1024"},
-		{"body over 16 KiB", `{"domain":"test","attributes":{"a":"` + strings.Repeat("x", 17<<10) + `"}}`, "larger than"},
-		{"not UTF-8", "{\"domain\":\"test\",\"attributes\":{\"api_key\":\"\xff\xfe\"}}", "UTF-8"},
-		{"two values", `{"domain":"test","attributes":{}} {}`, "more than one"},
-		{"data after the object", `{"domain":"test","attributes":{}} }`, "more than one"},
-		{"domain twice", `{"domain":"d","domain":"e"}`, "domain is given twice"},
-		{"cost twice", `{"domain":"test","attributes":{},"cost":1,"cost":100000}`, "cost is given twice"},
-		{"attribute twice", `{"domain":"test","attributes":{"api_key":"a","api_key":"b"}}`, "attributes.api_key is given twice"},
-		{"name in another case", `{"DOMAIN":"test","attributes":{}}`, `unknown field "DOMAIN"`},
+		{"malformed JSON", `{"domain": "test", `, "malformed JSON", 0},
+		{"not an object", `[1,2]`, "must be", 0},
+		{"empty", ``, "empty body", 0},
+		{"unknown domain", `{"domain":"nope","attributes":{}}`, "unknown domain", 0},
+		{"missing domain", `{"attributes":{}}`, "domain is required", 0},
+		{"unknown field", `{"domain":"test","attributes":{},"colour":1}`, `unknown field "colour"`, 0},
+		{"attribute not a string", `{"domain":"test","attributes":{"api_key":5}}`, "must be", 0},
+		{"negative cost", `{"domain":"test","attributes":{},"cost":-1}`, "cost must be", 0},
+		{"too many attributes", string(manyJSON), "at most 64", 0},
+		{"value over 1 KiB", `{"domain":"test","attributes":{"api_key":"` + strings.Repeat("x", 1025) + `"}}`, "longer than 1024", 0},
+		{"body over 16 KiB", `{"domain":"test","attributes":{"a":"` + strings.Repeat("x", 17<<10) + `"}}`, "larger than", http.StatusRequestEntityTooLarge},
+		{"not UTF-8", "{\"domain\":\"test\",\"attributes\":{\"api_key\":\"\xff\xfe\"}}", "UTF-8", 0},
+		{"two values", `{"domain":"test","attributes":{}} {}`, "more than one", 0},
+		{"data after the object", `{"domain":"test","attributes":{}} }`, "more than one", 0},
+		{"domain twice", `{"domain":"d","domain":"e"}`, "domain is given twice", 0},
+		{"cost twice", `{"domain":"test","attributes":{},"cost":1,"cost":100000}`, "cost is given twice", 0},
+		{"attribute twice", `{"domain":"test","attributes":{"api_key":"a","api_key":"b"}}`, "attributes.api_key is given twice", 0},
+		{"name in another case", `{"DOMAIN":"test","attributes":{}}`, `unknown field "DOMAIN"`, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			a := post(t, s.url, "/v1/check", tc.body)
-			if a.status != http.StatusBadRequest {
-				t.Fatalf("POST %.60q = %d, want 400; body %s", tc.body, a.status, a.raw)
+			want := cmp.Or(tc.status, http.StatusBadRequest)
+			if a.status != want {
+				t.Fatalf("POST %.60q = %d, want %d; body %s", tc.body, a.status, want, a.raw)
 			}
 			var e decision.ErrorResponse
 			if err := json.Unmarshal([]byte(a.raw), &e); err != nil || !strings.Contains(e.Error, tc.want) {
@@ -331,6 +334,9 @@ func FuzzCheckBody(f *testing.F) {
 	for _, tc := range parseCases {
 		f.Add([]byte(tc.body))
 	}
+	for _, tc := range boundsCases {
+		f.Add([]byte(tc.body))
+	}
 	p, err := policy.Parse([]byte(testPolicy))
 	if err != nil {
 		f.Fatal(err)
@@ -344,14 +350,14 @@ func FuzzCheckBody(f *testing.F) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/check", bytes.NewReader(body)))
 		switch rec.Code {
-		case http.StatusOK, http.StatusTooManyRequests, http.StatusBadRequest:
+		case http.StatusOK, http.StatusTooManyRequests, http.StatusBadRequest, http.StatusRequestEntityTooLarge:
 		default:
-			t.Fatalf("POST %q = %d %s, want 200, 429 or 400", body, rec.Code, rec.Body)
+			t.Fatalf("POST %.200q = %d %s, want 200, 429, 400 or 413", body, rec.Code, rec.Body)
 		}
 		if !json.Valid(rec.Body.Bytes()) {
-			t.Fatalf("POST %q answered invalid JSON %q", body, rec.Body)
+			t.Fatalf("POST %.200q answered invalid JSON %q", body, rec.Body)
 		}
-		if rec.Code == http.StatusBadRequest {
+		if rec.Code == http.StatusBadRequest || rec.Code == http.StatusRequestEntityTooLarge {
 			return
 		}
 		got, perr := decision.ParseCheckRequest(body)

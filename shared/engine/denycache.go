@@ -3,8 +3,6 @@ package engine
 import (
 	"sync"
 	"time"
-
-	"github.com/tollgate-dev/tollgate/shared/algo"
 )
 
 // denyCache remembers store keys that denied, until the time their request could be
@@ -23,10 +21,18 @@ type denyCache struct {
 type denial struct {
 	until int64 // Unix µs
 	cost  int64 // the denied request's cost
-	rule  string
-	quota string     // the limit's name in the headers
-	spec  algo.Limit // the limit that denied
-	d     algo.Decision
+	// seen is what the request denied at this key learned of every key it reached.
+	seen *seen
+}
+
+// seen is what one denied request learned: every limit's result, by key, at the
+// time it was decided (our clock). A denial charges nothing, so until a limit
+// resets its result stands for the next request of the same keys, as far as this
+// instance knows.
+type seen struct {
+	at     int64 // Unix µs
+	byKey  map[string][]LimitResult
+	denied string // the key of the deciding denial
 }
 
 func newDenyCache(max int) *denyCache {
@@ -93,65 +99,95 @@ func (c *denyCache) forget(keys []string) {
 }
 
 // fromDenyCache answers a request from the deny cache when one of its non-shadow keys
-// is still denied.
+// is still denied and the cache knows every limit of the request: a result per
+// limit, as the store would give it, with the denial's retry counted down. A request
+// that reaches a key the denied one did not, or a limit that has reset since, goes
+// to the store.
 func (e *Engine) fromDenyCache(p Plan, now int64) (Verdict, bool) {
 	deny := p.cur.deny
-	if deny == nil || p.Check.Cost == 0 {
+	if deny == nil || p.Cost == 0 {
 		return Verdict{}, false
 	}
-	for i, k := range p.Check.Keys {
-		if p.Rules[i].Shadow {
+	for _, it := range p.Items {
+		if it.Rule.Shadow {
 			continue
 		}
-		den, ok := deny.denies(k, p.Check.Cost, now)
+		den, ok := deny.denies(it.Key, p.Cost, now)
 		if !ok {
 			continue
 		}
-		d := den.d
-		left := time.Duration(den.until-now) * time.Microsecond
-		d.RetryAfter = left
-		d.ResetAfter = max(d.ResetAfter-(d.RetryAfter-left), left)
+		v, ok := den.verdict(p, now)
+		if !ok {
+			return Verdict{}, false
+		}
 		if e.hooks.DenyCacheHit != nil {
 			e.hooks.DenyCacheHit()
 		}
-		return Verdict{
-			Reason:    ReasonOverLimit,
-			Cached:    true,
-			NowMicros: now,
-			Rule:      den.rule,
-			Decision:  d,
-			Limits:    []LimitResult{{Rule: den.rule, Algorithm: den.spec.Algorithm, Quota: den.quota, Spec: den.spec, Decision: d}},
-		}, true
+		return v, true
 	}
 	return Verdict{}, false
 }
 
-// remember puts the keys that denied a request in the deny cache, until their retry.
-func (e *Engine) remember(p Plan, out algo.Outcome, now int64) {
-	e.rememberIn(p.cur.deny, p, out, now)
+// verdict answers plan p at now from what the denial saw, or reports false when it
+// did not see every item of p or one of them has reset since.
+func (den denial) verdict(p Plan, now int64) (Verdict, bool) {
+	s := den.seen
+	left := time.Duration(den.until-now) * time.Microsecond
+	since := time.Duration(now-s.at) * time.Microsecond
+	v := Verdict{Cached: true, NowMicros: now, Limits: make([]LimitResult, 0, len(p.Items))}
+	for i, it := range p.Items {
+		rs, ok := s.byKey[it.Key]
+		if !ok || len(rs) != len(it.Meter.Limits) {
+			return Verdict{}, false
+		}
+		for _, r := range rs {
+			if r.ResetAfter <= since && it.Key != s.denied {
+				return Verdict{}, false
+			}
+			r.Item = i
+			switch {
+			case it.Key == s.denied && !r.Allowed:
+				r.RetryAfter = left
+				r.ResetAfter = max(r.ResetAfter-since, left)
+			default:
+				r.RetryAfter = max(0, r.RetryAfter-since)
+				r.ResetAfter = max(0, r.ResetAfter-since)
+			}
+			v.Limits = append(v.Limits, r)
+		}
+	}
+	v.summarize(false)
+	return v, true
 }
 
-// rememberIn puts the keys that denied a request in deny (if not nil), until their
-// retry.
-func (e *Engine) rememberIn(deny *denyCache, p Plan, out algo.Outcome, now int64) {
-	if deny == nil || out.Allowed {
+// remember puts the key that denied a request in the deny cache, until its retry.
+func (e *Engine) remember(p Plan, v Verdict, now int64) {
+	e.rememberIn(p.cur.deny, p, v, now)
+}
+
+// rememberIn puts the key whose limit denied verdict v of plan p in deny (if not
+// nil), until its retry, with what v says of every key of p.
+func (e *Engine) rememberIn(deny *denyCache, p Plan, v Verdict, now int64) {
+	if deny == nil || v.Allowed {
 		return
 	}
-	for i, ds := range out.Decisions {
-		if p.Rules[i].Shadow {
+	var s *seen
+	for _, l := range v.Limits {
+		it := p.Items[l.Item]
+		if l.Shadow || l.Allowed || l.RetryAfter <= 0 || p.Cost > l.Spec.Capacity() {
+			// A cost above the capacity is denied whatever the state: nothing to
+			// remember about the key.
 			continue
 		}
-		for j, d := range ds {
-			if d.Allowed || d.RetryAfter <= 0 || p.Check.Cost > p.Check.Meters[i].Limits[j].Capacity() {
-				// A cost above the capacity is denied whatever the state: nothing to
-				// remember about the key.
-				continue
+		if s == nil {
+			s = &seen{at: now, byKey: make(map[string][]LimitResult, len(p.Items)), denied: it.Key}
+			for _, r := range v.Limits {
+				k := p.Items[r.Item].Key
+				s.byKey[k] = append(s.byKey[k], r)
 			}
-			// The store's clock decided; count the retry from ours.
-			l := p.Check.Meters[i].Limits[j]
-			deny.put(p.Check.Keys[i], denial{until: now + int64(d.RetryAfter/time.Microsecond), cost: p.Check.Cost,
-				rule: p.Rules[i].Name, quota: p.Rules[i].QuotaName(l), spec: l.In(now), d: d}, now)
-			break
 		}
+		// The store's clock decided; count the retry from ours.
+		deny.put(it.Key, denial{until: now + int64(l.RetryAfter/time.Microsecond), cost: p.Cost, seen: s}, now)
+		break
 	}
 }

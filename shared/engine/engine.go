@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -76,6 +77,8 @@ type Request struct {
 
 // LimitResult is one limit's decision within a verdict.
 type LimitResult struct {
+	// Item is the index in the plan's Items of the item the limit belongs to.
+	Item      int
 	Rule      string
 	Algorithm algo.Algorithm
 	Shadow    bool
@@ -86,7 +89,19 @@ type LimitResult struct {
 	algo.Decision
 }
 
-// Verdict is the answer to a Request.
+// Stated returns the limit's quota and window as the RateLimit headers state them
+// (algo.QuotaWindow): a limit with a burst states its burst over the time the rate
+// refills it, so that remaining never exceeds the quota.
+func (l LimitResult) Stated() (quota int64, window time.Duration) {
+	if l.Spec.Count == 0 {
+		return l.Decision.Limit, l.Period
+	}
+	return algo.QuotaWindow(l.Spec)
+}
+
+// Verdict is the answer to a Request: one result per limit of every item of its
+// plan, on every path (the store, a lease, the deny cache, the failure mode), and a
+// summary of them computed once, which every front door translates.
 type Verdict struct {
 	// Allowed reports whether the request may proceed (after Delay).
 	Allowed bool
@@ -99,11 +114,17 @@ type Verdict struct {
 	// Rule names the rule of the deciding limit ("" when no rule matched).
 	Rule string
 	// Decision is the deciding limit's decision: on a denial the non-shadow denial
-	// with the longest retry; when allowed the limit with the least remaining.
+	// with the longest retry; when allowed the limit with the least remaining
+	// (algo.MostRestrictive).
 	Decision algo.Decision
+	// Quota and Window are the deciding limit's, as the headers state them
+	// (LimitResult.Stated); 0 when no limit decided.
+	Quota  int64
+	Window time.Duration
 	// Delay is how long to hold the request before forwarding it (leaky_bucket).
 	Delay time.Duration
-	// Limits holds every matched limit's decision, shadow ones included.
+	// Limits holds every matched limit's decision, shadow ones included, in the
+	// order of the plan's items.
 	Limits []LimitResult
 	// NowMicros is the time the verdict was decided at, Unix µs: the store's clock,
 	// or this process's when a lease or the deny cache answered (0 in a failure
@@ -113,12 +134,38 @@ type Verdict struct {
 	deciding int // the index in Limits of the deciding limit
 }
 
-// Deciding returns the deciding limit's result; false when no limit decided.
-func (v Verdict) Deciding() (LimitResult, bool) {
-	if v.Rule == "" || v.deciding >= len(v.Limits) {
-		return LimitResult{}, false
+// MostRestrictive returns the index in v.Limits of the most restrictive non-shadow
+// limit among those in reports true for, or -1: for a front door that answers per
+// group of limits (an Envoy descriptor).
+func (v Verdict) MostRestrictive(in func(LimitResult) bool) int {
+	return algo.MostRestrictive(len(v.Limits), func(i int) (algo.Decision, bool) {
+		l := v.Limits[i]
+		return l.Decision, !l.Shadow && in(l)
+	})
+}
+
+// summarize computes the verdict's summary from its limits: the deciding limit, its
+// rule, quota and window, and the delay. allowed is the store's all-or-nothing
+// answer.
+func (v *Verdict) summarize(allowed bool) {
+	v.Allowed = allowed
+	best := v.MostRestrictive(func(LimitResult) bool { return true })
+	if best < 0 {
+		// Only shadow limits matched: nothing to report in the headers.
+		return
 	}
-	return v.Limits[v.deciding], true
+	if allowed {
+		for _, l := range v.Limits {
+			if !l.Shadow {
+				v.Delay = max(v.Delay, l.Delay)
+			}
+		}
+	} else {
+		v.Reason = ReasonOverLimit
+	}
+	d := v.Limits[best]
+	v.deciding, v.Rule, v.Decision = best, d.Rule, d.Decision
+	v.Quota, v.Window = d.Stated()
 }
 
 // Headers returns the response headers of the verdict (algo.Headers): every
@@ -344,10 +391,9 @@ func (e *Engine) Health(ctx context.Context) []breaker.Status {
 	return e.Breakers()
 }
 
-// ValidateRequest reports a caller's mistake in r, wrapping ErrBadRequest and naming
-// the field: an unknown domain, or a request past the bounds of package bounds.
-func (e *Engine) ValidateRequest(r Request) error { return validate(e.Policy(), r) }
-
+// validate reports a caller's mistake in r, wrapping ErrBadRequest and naming the
+// field: an unknown domain, or a request past the bounds of package bounds. It is
+// the one check of a request's bounds, for every front door.
 func validate(pol *policy.Policy, r Request) error {
 	if r.Domain != pol.Domain {
 		return fmt.Errorf("%w %q: this service decides domain %q", ErrUnknownDomain, r.Domain, pol.Domain)
@@ -358,15 +404,37 @@ func validate(pol *policy.Policy, r Request) error {
 	return nil
 }
 
-// A Plan is a request matched against the policy: the meters the store must decide,
-// each with its rule. Build it with Plan; decide it with Decide.
+// An Item is one meter of a plan: a store key with its limits (one, or a
+// bucket_ring's windows), the rule it comes from, the lease it is served from, and
+// the groups it belongs to.
+type Item struct {
+	Key   string
+	Meter algo.Meter
+	Rule  *policy.Rule
+	// Lease is the lease the item is served from; the zero Lease for none.
+	Lease policy.Lease
+	// Groups has bit g set when the item belongs to group g: the request (bit 0) of
+	// a plan from Plan, each plan's index in a plan from Join (an Envoy
+	// descriptor). An item two groups reach is decided once.
+	Groups uint64
+}
+
+// In reports whether the item belongs to group g.
+func (it Item) In(g int) bool { return g < MaxGroups && it.Groups&(1<<g) != 0 }
+
+// MaxGroups bounds the plans Join joins.
+const MaxGroups = 64
+
+// A Plan is a request matched against the policy: the items the store must decide
+// together. Build it with Plan; decide it with Decide. Joining plans, dropping
+// replaced rules and applying a descriptor's own limit are operations on its items.
 type Plan struct {
 	// Domain is the request's.
 	Domain string
-	// Check holds the store keys and meters of every matched limit and the cost.
-	Check algo.Check
-	// Rules holds each meter's rule: Rules[i] is the rule of Check.Meters[i].
-	Rules []*policy.Rule
+	// Cost is the request's weight in units; 0 peeks without charging.
+	Cost int64
+	// Items holds one item per store key.
+	Items []Item
 	// KeyRequired reports that only rules keyed on an API key could limit the request,
 	// and it carries none (policy.KeyRequired): a front door that authenticates
 	// answers it as unauthenticated rather than decide it.
@@ -383,43 +451,73 @@ type Plan struct {
 	// client (see identity.Address).
 	AddressFellBack bool
 
-	cur    *current       // the policy the plan was made with
-	leases []policy.Lease // per meter, its lease; nil when the policy leases nothing
+	cur *current // the policy the plan was made with
+}
+
+// Check returns what the store decides for the plan: each item's key and meter, at
+// the plan's cost.
+func (p Plan) Check() algo.Check {
+	c := algo.Check{Cost: p.Cost, Keys: make([]string, len(p.Items)), Meters: make([]algo.Meter, len(p.Items))}
+	for i, it := range p.Items {
+		c.Keys[i], c.Meters[i] = it.Key, it.Meter
+	}
+	return c
 }
 
 // Join returns one plan that decides ps together, all-or-nothing, with each store key
-// once (two plans that reach the same limit of the same client charge it once), and
-// for each plan the index in the joint plan of each of its meters. The plans must
-// share the domain and cost; the joint plan needs a key if any does.
-func Join(ps []Plan) (Plan, [][]int) {
+// once (two plans that reach the same limit of the same client charge it once); an
+// item of ps[g] belongs to group g. The plans must share the domain and cost, and be
+// at most MaxGroups; the joint plan needs a key if any does.
+func Join(ps []Plan) Plan {
 	if len(ps) == 0 {
-		return Plan{}, nil
+		return Plan{}
 	}
-	j := Plan{Domain: ps[0].Domain, Check: algo.Check{Cost: ps[0].Check.Cost}, cur: ps[0].cur}
+	j := Plan{Domain: ps[0].Domain, Cost: ps[0].Cost, cur: ps[0].cur}
 	at := map[string]int{}
-	idx := make([][]int, len(ps))
-	for pi, p := range ps {
+	for g, p := range ps[:min(len(ps), MaxGroups)] {
 		j.KeyRequired = j.KeyRequired || p.KeyRequired
-		for i, k := range p.Check.Keys {
-			n, seen := at[k]
+		for _, it := range p.Items {
+			n, seen := at[it.Key]
 			if !seen {
-				n = len(j.Check.Keys)
-				at[k] = n
-				j.Check.Keys = append(j.Check.Keys, k)
-				j.Check.Meters = append(j.Check.Meters, p.Check.Meters[i])
-				j.Rules = append(j.Rules, p.Rules[i])
-				if p.leases != nil {
-					j.leases = append(j.leases, make([]policy.Lease, n+1-len(j.leases))...)
-					j.leases[n] = p.leases[i]
-				}
+				n = len(j.Items)
+				at[it.Key] = n
+				it.Groups = 0
+				j.Items = append(j.Items, it)
 			}
-			idx[pi] = append(idx[pi], n)
+			j.Items[n].Groups |= 1 << g
 		}
 	}
-	if j.leases != nil {
-		j.leases = append(j.leases, make([]policy.Lease, len(j.Check.Keys)-len(j.leases))...)
+	return j
+}
+
+// Replace drops the items of every rule that the rule of another item (or the same)
+// names in replaces, as envoyproxy/ratelimit drops a descriptor's limit when any
+// descriptor of the request reaches a limit that replaces it.
+func (p *Plan) Replace(replaces map[string][]string) {
+	if len(replaces) == 0 {
+		return
 	}
-	return j, idx
+	gone := map[string]bool{}
+	for _, it := range p.Items {
+		for _, n := range replaces[it.Rule.Name] {
+			gone[n] = true
+		}
+	}
+	if len(gone) > 0 {
+		p.Items = slices.DeleteFunc(p.Items, func(it Item) bool { return gone[it.Rule.Name] })
+	}
+}
+
+// Only makes the plan decide one item, in place of what the policy matched: a limit
+// the request carries itself (an Envoy descriptor's own limit). The item is served
+// from no lease, whatever the policy leases.
+func (p *Plan) Only(it Item) {
+	it.Lease = policy.Lease{}
+	if it.Groups == 0 {
+		it.Groups = 1
+	}
+	p.Items = []Item{it}
+	p.KeyRequired = false
 }
 
 // RemoteAddress and ForwardedFor are the attributes of the client's address: front
@@ -440,7 +538,7 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 	}
 	attrs := r.Attributes
 	cloned := false // attrs is the engine's own copy, not the caller's map
-	p := Plan{Domain: r.Domain, Check: algo.Check{Cost: r.Cost}, cur: cur}
+	p := Plan{Domain: r.Domain, Cost: r.Cost, cur: cur}
 	if ra, ok := attrs[RemoteAddress]; ok {
 		p.Client, p.AddressFellBack = identity.Address(ra, attrs[ForwardedFor], pol.Identity)
 		if p.AddressFellBack && e.hooks.IdentityFallback != nil {
@@ -477,12 +575,7 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 	p.KeyRequired = pol.KeyRequired(attrs, matches)
 	for _, mt := range matches {
 		for i, mr := range mt.Meters {
-			p.Check.Keys = append(p.Check.Keys, mt.Keys[i])
-			p.Check.Meters = append(p.Check.Meters, mr)
-			p.Rules = append(p.Rules, mt.Rule)
-			if cur.leases != nil {
-				p.leases = append(p.leases, mt.Rule.MeterLease(i))
-			}
+			p.Items = append(p.Items, Item{Key: mt.Keys[i], Meter: mr, Rule: mt.Rule, Lease: mt.Rule.MeterLease(i), Groups: 1})
 		}
 	}
 	return p, nil
@@ -514,24 +607,25 @@ func (e *Engine) Decide(ctx context.Context, p Plan) Verdict {
 }
 
 func (e *Engine) decide(ctx context.Context, p Plan, start time.Time) Verdict {
-	if len(p.Check.Meters) == 0 {
+	if len(p.Items) == 0 {
 		return Verdict{Allowed: true}
 	}
 	now := start.UnixMicro()
 	if v, ok := e.fromDenyCache(p, now); ok {
 		return v
 	}
-	if p.Check.Cost > 0 && p.leased() {
+	if p.Cost > 0 && p.leased() {
 		if v, ok := e.decideLeased(ctx, p, now); ok {
 			return v
 		}
 	}
-	out, err := e.decideInStore(ctx, p.cur.pol, p.Check)
+	out, err := e.decideInStore(ctx, p.cur.pol, p.Check())
 	if err != nil {
 		return e.failureMode(ctx, p, now, err)
 	}
-	e.remember(p, out, now)
-	return e.verdict(p, out)
+	v := e.verdict(p, out)
+	e.remember(p, v, now)
+	return v
 }
 
 // decideInStore runs the check in the store, within the policy's timeout and behind
@@ -583,12 +677,13 @@ func (e *Engine) failureMode(ctx context.Context, p Plan, now int64, cause error
 		return v
 	case policy.FailLocal:
 		local := p
-		local.Check.NowMicros = now
-		local.Check.Meters = make([]algo.Meter, len(p.Check.Meters))
-		for i, mt := range p.Check.Meters {
-			local.Check.Meters[i] = policy.Scale(mt, pol.Failure.ExpectedInstances)
+		local.Items = slices.Clone(p.Items)
+		for i := range local.Items {
+			local.Items[i].Meter = policy.Scale(local.Items[i].Meter, pol.Failure.ExpectedInstances)
 		}
-		out, err := e.local.Decide(ctx, local.Check)
+		c := local.Check()
+		c.NowMicros = now
+		out, err := e.local.Decide(ctx, c)
 		if err != nil {
 			// The in-process store fails only on a malformed check; admit, as open does.
 			e.log.Error("in-process decision failed", "err", err)
@@ -602,50 +697,34 @@ func (e *Engine) failureMode(ctx context.Context, p Plan, now int64, cause error
 	}
 }
 
-// verdict turns a store outcome into a verdict: the most restrictive decision, every
-// limit's detail, and the headers.
+// verdict turns a store outcome into a verdict: one result per limit of every item,
+// and the summary.
 func (e *Engine) verdict(p Plan, out algo.Outcome) Verdict {
-	v := Verdict{Allowed: out.Allowed}
+	var v Verdict
 	n := 0
 	for _, ds := range out.Decisions {
 		n += len(ds)
 	}
 	v.Limits = make([]LimitResult, 0, n)
-	best := -1
-	var bestD algo.Decision
 	at := out.NowMicros // the store's time, for calendar windows
 	if at == 0 {
 		at = e.clock().UnixMicro()
 	}
 	v.NowMicros = at
 	for i, ds := range out.Decisions {
-		mt := p.Check.Meters[i]
+		it := &p.Items[i]
 		for j, d := range ds {
-			rule, l := p.Rules[i], mt.Limits[j]
+			l := it.Meter.Limits[j]
+			if !out.Allowed && d.Allowed && p.Cost > 0 {
+				// The store's check counted this request, but a denial elsewhere
+				// charged nothing.
+				d.Remaining += p.Cost
+			}
 			// A calendar limit is stated with the window it was decided in.
-			v.Limits = append(v.Limits, LimitResult{Rule: rule.Name, Algorithm: l.Algorithm, Shadow: rule.Shadow, Quota: rule.QuotaName(l), Spec: l.In(at), Decision: d})
-			if rule.Shadow {
-				continue
-			}
-			if out.Allowed {
-				v.Delay = max(v.Delay, d.Delay)
-			}
-			if best < 0 || algo.MoreRestrictive(d, bestD) {
-				best, bestD = len(v.Limits)-1, d
-			}
+			v.Limits = append(v.Limits, LimitResult{Item: i, Rule: it.Rule.Name, Algorithm: l.Algorithm, Shadow: it.Rule.Shadow, Quota: it.Rule.QuotaName(l), Spec: l.In(at), Decision: d})
 		}
 	}
-	if best < 0 {
-		// Only shadow limits matched: nothing to report in the headers.
-		return v
-	}
-	v.Rule = v.Limits[best].Rule
-	v.Decision = bestD
-	v.deciding = best
-	if !v.Allowed {
-		v.Reason = ReasonOverLimit
-		v.Delay = 0
-	}
+	v.summarize(out.Allowed)
 	return v
 }
 
@@ -655,11 +734,11 @@ func (e *Engine) Peek(ctx context.Context, p Plan) (Verdict, error) {
 	if p.cur == nil {
 		p.cur = e.cur.Load()
 	}
-	if len(p.Check.Meters) == 0 {
+	if len(p.Items) == 0 {
 		return Verdict{Allowed: true}, nil
 	}
-	p.Check.Cost = 0
-	out, err := e.decideInStore(ctx, p.cur.pol, p.Check)
+	p.Cost = 0
+	out, err := e.decideInStore(ctx, p.cur.pol, p.Check())
 	if err != nil {
 		return Verdict{}, fmt.Errorf("engine: peek: %w", err)
 	}
@@ -672,7 +751,8 @@ func (e *Engine) Keys(domain string, attrs map[string]string) ([]string, []algo.
 	if err != nil {
 		return nil, nil, err
 	}
-	return p.Check.Keys, p.Check.Meters, nil
+	c := p.Check()
+	return c.Keys, c.Meters, nil
 }
 
 // Forget drops keys from the deny cache, the leases and the in-process store (after

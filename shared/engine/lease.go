@@ -105,14 +105,14 @@ type returned struct {
 	charged int64
 }
 
-// leaseFor returns the lease of plan meter i, or nil when it is not leased, the
-// request costs more than a lease holds, or the table is full.
-func (t *leaseTable) leaseFor(p Plan, i int) *lease {
-	terms := p.leases[i]
-	if terms.Units == 0 || p.Check.Cost > terms.Units {
+// leaseFor returns the lease of item it of a request of cost, or nil when it is not
+// leased, the request costs more than a lease holds, or the table is full.
+func (t *leaseTable) leaseFor(it Item, cost int64) *lease {
+	terms := it.Lease
+	if terms.Units == 0 || cost > terms.Units {
 		return nil
 	}
-	key := p.Check.Keys[i]
+	key := it.Key
 	t.mu.RLock()
 	l, ok := t.byKey[key]
 	t.mu.RUnlock()
@@ -127,7 +127,7 @@ func (t *leaseTable) leaseFor(p Plan, i int) *lease {
 	if len(t.byKey) >= maxLeases {
 		return nil
 	}
-	l = &lease{key: key, meter: p.Check.Meters[i], terms: terms}
+	l = &lease{key: key, meter: it.Meter, terms: terms}
 	l.reservation = terms.Units + terms.Margin(l.meter.Limits[0])
 	t.byKey[key] = l
 	return l
@@ -204,7 +204,7 @@ type taken struct {
 	gen  uint64
 	cost int64
 	at   int64 // our clock when they were taken
-	i    int   // the meter's index in the plan
+	i    int   // the item's index in the plan
 	d    algo.Decision
 }
 
@@ -219,7 +219,7 @@ func (t taken) undo() {
 	t.l.mu.Unlock()
 }
 
-// takeLease takes the request's cost from lease l of plan meter i, reserving in the
+// takeLease takes the request's cost from lease l of plan item i, reserving in the
 // store when the lease is short or has ended. It reports false when the meter must
 // be decided in the store with the request's own cost: the reservation was denied
 // (now or recently: the deny cache knows), or ctx ended while another request was
@@ -229,7 +229,7 @@ func (e *Engine) takeLease(ctx context.Context, p Plan, i int, l *lease) (taken,
 	for {
 		now := e.clock().UnixMicro()
 		l.mu.Lock()
-		if t, ok := l.take(now, p.Check.Cost); ok {
+		if t, ok := l.take(now, p.Cost); ok {
 			l.mu.Unlock()
 			t.i = i
 			return t, true, nil
@@ -276,14 +276,14 @@ func (l *lease) cost() int64 { return l.reservation }
 // reserve charges a reservation (l.cost) on the lease's key and, when the store
 // grants it, makes its units the lease's. A denial is remembered in the deny cache.
 func (e *Engine) reserve(ctx context.Context, p Plan, i int, l *lease) (bool, error) {
-	c := algo.Check{Keys: []string{l.key}, Meters: []algo.Meter{l.meter}, Cost: l.cost()}
+	r := Plan{Domain: p.Domain, Cost: l.cost(), Items: []Item{p.Items[i]}, cur: p.cur}
 	sent := e.clock().UnixMicro()
-	out, err := e.decideInStore(ctx, p.cur.pol, c)
+	out, err := e.decideInStore(ctx, p.cur.pol, r.Check())
 	if err != nil {
 		return false, err
 	}
 	if !out.Allowed {
-		e.rememberIn(p.cur.known, Plan{Check: c, Rules: []*policy.Rule{p.Rules[i]}, cur: p.cur}, out, sent)
+		e.rememberIn(p.cur.known, r, e.verdict(r, out), sent)
 		return false, nil
 	}
 	charged := out.NowMicros
@@ -307,8 +307,8 @@ func (e *Engine) decideLeased(ctx context.Context, p Plan, now int64) (Verdict, 
 			t.undo()
 		}
 	}
-	for i := range p.Check.Meters {
-		l := p.cur.leases.leaseFor(p, i)
+	for i, it := range p.Items {
+		l := p.cur.leases.leaseFor(it, p.Cost)
 		if l == nil {
 			rest = append(rest, i)
 			continue
@@ -327,18 +327,18 @@ func (e *Engine) decideLeased(ctx context.Context, p Plan, now int64) (Verdict, 
 	if len(took) == 0 {
 		return Verdict{}, false
 	}
-	out := algo.Outcome{Allowed: true, NowMicros: took[len(took)-1].at, Decisions: make([][]algo.Decision, len(p.Check.Meters))}
+	out := algo.Outcome{Allowed: true, NowMicros: took[len(took)-1].at, Decisions: make([][]algo.Decision, len(p.Items))}
 	for _, t := range took {
 		out.Decisions[t.i] = []algo.Decision{t.d}
 	}
 	if len(rest) > 0 {
 		sub := p.subPlan(rest)
-		so, err := e.decideInStore(ctx, p.cur.pol, sub.Check)
+		so, err := e.decideInStore(ctx, p.cur.pol, sub.Check())
 		if err != nil {
 			undo()
 			return e.failureMode(ctx, p, now, err), true
 		}
-		e.remember(sub, so, now)
+		e.remember(sub, e.verdict(sub, so), now)
 		out.Allowed, out.NowMicros = so.Allowed, so.NowMicros
 		for k, i := range rest {
 			out.Decisions[i] = so.Decisions[k]
@@ -350,25 +350,25 @@ func (e *Engine) decideLeased(ctx context.Context, p Plan, now int64) (Verdict, 
 	return e.verdict(p, out), true
 }
 
-// leased reports whether some meter of p leases.
+// leased reports whether some item of p leases.
 func (p Plan) leased() bool {
-	for _, ls := range p.leases {
-		if ls.Units > 0 {
+	if p.cur != nil && p.cur.leases == nil {
+		return false
+	}
+	for _, it := range p.Items {
+		if it.Lease.Units > 0 {
 			return true
 		}
 	}
 	return false
 }
 
-// subPlan returns the plan of p's meters at idx.
+// subPlan returns the plan of p's items at idx.
 func (p Plan) subPlan(idx []int) Plan {
 	sub := p
-	sub.Check = algo.Check{Cost: p.Check.Cost, NowMicros: p.Check.NowMicros}
-	sub.Rules, sub.leases = nil, nil
-	for _, i := range idx {
-		sub.Check.Keys = append(sub.Check.Keys, p.Check.Keys[i])
-		sub.Check.Meters = append(sub.Check.Meters, p.Check.Meters[i])
-		sub.Rules = append(sub.Rules, p.Rules[i])
+	sub.Items = make([]Item, len(idx))
+	for k, i := range idx {
+		sub.Items[k] = p.Items[i]
 	}
 	return sub
 }

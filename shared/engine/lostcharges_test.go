@@ -40,9 +40,9 @@ func TestFailoverLostCharges(t *testing.T) {
 		t.Run("cluster/"+opt.name, func(t *testing.T) {
 			c := redistest.StartCluster(t, redistest.WithReplicas(1), redistest.WithNodeTimeout(failoverNodeTimeout))
 			measureLostCharges(t, c.URL(), true, opt.replicas, func(plans []engine.Plan) (func(int) bool, *redistest.Server, func()) {
-				dead := c.MasterForSlot(t, algo.Slot(plans[0].Check.Keys[0]))
+				dead := c.MasterForSlot(t, algo.Slot(plans[0].Items[0].Key))
 				replica := c.ReplicaOf(t, dead)
-				onDead := func(i int) bool { return c.MasterForSlot(t, algo.Slot(plans[i].Check.Keys[0])) == dead }
+				onDead := func(i int) bool { return c.MasterForSlot(t, algo.Slot(plans[i].Items[0].Key)) == dead }
 				return onDead, dead, func() {
 					dead.Kill()
 					untilBound(c.WaitPromoted(t, replica, 15*time.Second))

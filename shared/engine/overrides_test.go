@@ -40,6 +40,7 @@ func redisEngine(t *testing.T, doc []byte, url string, cluster bool) *engine.Eng
 // is never charged for the customer.
 func TestOverrideLiftsOneKey(t *testing.T) {
 	p, err := policy.Parse([]byte(`domain: d
+failure: {timeout: 2s} # a loaded machine must not turn answers into the failure mode's
 rules:
   - {name: per-key, match: {api_key: "*"}, limits: [{algorithm: fixed_window, rate: 5/h}]}
   - {name: acme, match: {api_key: k-acme}, replaces: [per-key], limits: [{algorithm: fixed_window, rate: 50/h}]}
@@ -96,8 +97,8 @@ rules:
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(plan.Rules) != 1 || plan.Rules[0].Name != "acme" {
-				t.Fatalf("k-acme's plan = %d limits, want acme's alone", len(plan.Rules))
+			if len(plan.Items) != 1 || plan.Items[0].Rule.Name != "acme" {
+				t.Fatalf("k-acme's plan = %d limits, want acme's alone", len(plan.Items))
 			}
 			def, err := policy.Parse([]byte("domain: d\nrules: [{name: per-key, match: {api_key: \"*\"}, limits: [{algorithm: fixed_window, rate: 5/h}]}]\n"))
 			if err != nil {
@@ -126,6 +127,7 @@ func TestTemplateKeysStayBounded(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartServer(t)
 	eng := redisEngine(t, []byte(`domain: d
+failure: {timeout: 2s} # a loaded machine must not turn answers into the failure mode's
 rules:
   - {name: orders, match: {api_key: "*", path: "/users/{id}/orders"}, limits: [{algorithm: fixed_window, rate: 5/h}]}
   - {name: writes, match: {api_key: "*", method: [POST, PUT]}, limits: [{algorithm: fixed_window, rate: 3/h}]}

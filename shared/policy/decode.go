@@ -352,7 +352,17 @@ func (d *decoder) syntax(err error, data []byte) {
 			}
 		}
 	}
-	d.addLine(line, "", "invalid YAML: "+msg)
+	d.addLine(line, "", "invalid YAML: "+msg+aliasHint(msg))
+}
+
+// aliasHint explains the YAML errors an unquoted * or & at the start of a value
+// causes (match: {api_key: *} reads as an alias): YAML takes them for an alias or
+// an anchor, so "*", one limit per distinct value, must be quoted.
+func aliasHint(msg string) string {
+	if strings.Contains(msg, "did not find expected alphabetic or numeric character") || strings.Contains(msg, "unknown anchor") {
+		return `; "*" must be quoted: YAML reads a value starting with * or & as an alias or anchor (write api_key: "*")`
+	}
+	return ""
 }
 
 // A field is one key and its value in a mapping.

@@ -182,61 +182,18 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	replace(plans, dom.Replaces)
-	joint, idx := engine.Join(plans)
+	joint := engine.Join(plans)
+	joint.Replace(dom.Replaces)
 	v := eng.Decide(ctx, joint)
 	if v.Reason == engine.ReasonUnavailable {
 		return nil, status.Error(codes.Unavailable, "tollgate: Redis is unavailable and the policy's failure mode is closed")
 	}
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, 0, len(idx))}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(plans))}
 	if !v.Allowed {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	// Limits holds, meter after meter, one result per limit.
-	first := make([]int, len(joint.Check.Meters)+1)
-	for i, m := range joint.Check.Meters {
-		first[i+1] = first[i] + len(m.Limits)
-	}
-	for _, meters := range idx {
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-		var pick *engine.LimitResult
-		for _, mi := range meters {
-			if v.Cached {
-				// The deny cache answers with the one limit that denied.
-				if joint.Rules[mi].Name == v.Rule && len(v.Limits) == 1 {
-					pick = &v.Limits[0]
-				}
-				continue
-			}
-			for k := first[mi]; k < first[mi+1] && k < len(v.Limits); k++ {
-				l := &v.Limits[k]
-				if l.Shadow {
-					continue
-				}
-				if pick == nil || algo.MoreRestrictive(l.Decision, pick.Decision) {
-					pick = l
-				}
-			}
-		}
-		if pick != nil {
-			if !pick.Allowed {
-				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			}
-			q, w := algo.QuotaWindow(pick.Spec)
-			unit, per := unitOf(w, q)
-			if u, ok := calendarUnits[pick.Spec.Calendar.Unit]; ok {
-				unit, per = u, uint32(min(q, 1<<32-1))
-			}
-			st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: pick.Quota, RequestsPerUnit: per, Unit: unit}
-			remaining := pick.Remaining
-			if !v.Allowed && pick.Allowed {
-				// Its check counted this request, but a denial elsewhere charged nothing.
-				remaining += joint.Check.Cost
-			}
-			st.LimitRemaining = uint32(min(max(0, remaining), 1<<32-1))
-			st.DurationUntilReset = durationpb.New(pick.ResetAfter)
-		}
-		resp.Statuses = append(resp.Statuses, st)
+	for g := range plans {
+		resp.Statuses[g] = descriptorStatus(v, joint, g)
 	}
 	for _, kv := range v.HeadersNamed(s.OneQuota) {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &commonv3.HeaderValue{Key: kv[0], Value: kv[1]})
@@ -294,36 +251,28 @@ func plan(eng *engine.Engine, domain string, req *rlsv3.RateLimitRequest) ([]eng
 	return plans, nil
 }
 
-// replace drops from plans the meters of every rule that a rule of another (or the
-// same) plan replaces, as envoyproxy/ratelimit drops a descriptor's limit when any
-// descriptor of the request reaches a limit that names it in replaces.
-func replace(plans []engine.Plan, replaces map[string][]string) {
-	if len(replaces) == 0 {
-		return
+// descriptorStatus is the status of descriptor g of the joint plan p: its most
+// restrictive non-shadow limit in the verdict v, or OK with no limit when none of its
+// limits applies.
+func descriptorStatus(v engine.Verdict, p engine.Plan, g int) *rlsv3.RateLimitResponse_DescriptorStatus {
+	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	i := v.MostRestrictive(func(l engine.LimitResult) bool { return p.Items[l.Item].In(g) })
+	if i < 0 {
+		return st
 	}
-	gone := map[string]bool{}
-	for _, p := range plans {
-		for _, r := range p.Rules {
-			for _, n := range replaces[r.Name] {
-				gone[n] = true
-			}
-		}
+	pick := v.Limits[i]
+	if !pick.Allowed {
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	if len(gone) == 0 {
-		return
+	q, w := pick.Stated()
+	unit, per := unitOf(w, q)
+	if u, ok := calendarUnits[pick.Spec.Calendar.Unit]; ok {
+		unit, per = u, uint32(min(q, 1<<32-1))
 	}
-	for i := range plans {
-		p := &plans[i]
-		var keys []string
-		var meters []algo.Meter
-		var rules []*policy.Rule
-		for j, r := range p.Rules {
-			if !gone[r.Name] {
-				keys, meters, rules = append(keys, p.Check.Keys[j]), append(meters, p.Check.Meters[j]), append(rules, r)
-			}
-		}
-		p.Check.Keys, p.Check.Meters, p.Rules = keys, meters, rules
-	}
+	st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: pick.Quota, RequestsPerUnit: per, Unit: unit}
+	st.LimitRemaining = uint32(min(max(0, pick.Remaining), 1<<32-1))
+	st.DurationUntilReset = durationpb.New(pick.ResetAfter)
+	return st
 }
 
 // supported refuses what tollgate does not decide yet rather than decide it wrongly.
@@ -373,9 +322,7 @@ func override(p *engine.Plan, pol *policy.Policy, d *rlv3.RateLimitDescriptor) e
 	}
 	identity := strings.Join(esc, ":")
 	key := algo.Key(pol.Prefix, OverrideRule+":"+identity, OverrideRule, identity, algo.MeterID(0, m))
-	p.Check.Keys, p.Check.Meters = []string{key}, []algo.Meter{m}
-	p.Rules = []*policy.Rule{{Name: OverrideRule, Limits: m.Limits, Meters: []algo.Meter{m}}}
-	p.KeyRequired = false
+	p.Only(engine.Item{Key: key, Meter: m, Rule: &policy.Rule{Name: OverrideRule, Limits: m.Limits, Meters: []algo.Meter{m}}})
 	return nil
 }
 
