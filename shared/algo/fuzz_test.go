@@ -47,10 +47,26 @@ func FuzzEscape(f *testing.F) {
 }
 
 // FuzzParseRate checks that ParseRate never panics, that its errors name the rate, and
-// that a rate it reads is valid, formats, and reads back the same.
+// that a rate it reads is valid, formats, and reads back the same; and that
+// ParseQuota reads what ParseRate reads, the same, and beyond it only a week or a
+// month, without a period.
 func FuzzParseRate(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		count, period, err := algo.ParseRate(s)
+		qc, qp, unit, qerr := algo.ParseQuota(s)
+		switch {
+		case qerr != nil:
+			var fe *algo.FieldError
+			if err == nil || !errors.As(qerr, &fe) || fe.Field != "rate" || fe.Value != s {
+				t.Fatalf("ParseQuota(%q) = %v where ParseRate = %v, want a *FieldError of the rate %q that ParseRate also reports", s, qerr, err, s)
+			}
+		case unit == algo.CalendarWeek || unit == algo.CalendarMonth:
+			if err == nil || qp != 0 || qc < 1 {
+				t.Fatalf("ParseQuota(%q) = %d, %v, %s where ParseRate = %v, want a count, no period, and ParseRate's error", s, qc, qp, unit, err)
+			}
+		case err != nil || qc != count || qp != period || unit != "" && (unit != algo.CalendarDay || period != 24*time.Hour):
+			t.Fatalf("ParseQuota(%q) = %d, %v, %q, %v, want ParseRate's %d, %v, %v", s, qc, qp, unit, qerr, count, period, err)
+		}
 		if err != nil {
 			var fe *algo.FieldError
 			if !errors.As(err, &fe) || fe.Field != "rate" || fe.Value != s {

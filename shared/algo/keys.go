@@ -78,14 +78,21 @@ func Key(prefix, tag, rule, identity, meter string) string {
 }
 
 // MeterID names meter i of a rule in its keys: i, '.', and 8 hex digits of a hash of
-// the meter's limits (algorithm, count, period, burst, bucket). A meter whose limits
-// change gets new keys, so that a policy reload never reads one algorithm's state
-// as another's, or a count kept under another rate; one whose limits stay keeps its
-// keys and its state.
+// what the meter's state means: each limit's algorithm, period, bucket and calendar,
+// and for gcra and leaky_bucket the count. A meter whose algorithm or period changes
+// gets new keys, so that a policy reload never reads one algorithm's state as
+// another's, or a window of one length as one of another; one whose burst changes, or
+// whose count changes where the state counts units (every algorithm but gcra and
+// leaky_bucket), keeps its keys and its state. i tells apart meters of one rule whose
+// state means the same (policy passes the meter's place among them, so
+// that adding a limit of another kind to a rule moves no key).
 func MeterID(i int, m Meter) string {
 	h := fnv.New32a()
 	for _, l := range m.Limits {
-		fmt.Fprintf(h, "%s/%d/%d/%d/%d;", l.Algorithm, l.Count, l.Period, l.Burst, l.Bucket)
+		fmt.Fprintf(h, "%s/%d/%d;", l.Algorithm, l.Period, l.Bucket)
+		if !countCarries(l.Algorithm) {
+			fmt.Fprintf(h, "n%d;", l.Count)
+		}
 		if c := l.Calendar; c.Unit != "" {
 			zone := "UTC"
 			if c.Zone != nil {
@@ -96,6 +103,13 @@ func MeterID(i int, m Meter) string {
 	}
 	return fmt.Sprintf("%d.%08x", i, h.Sum32())
 }
+
+// countCarries reports whether the state of algorithm a means the same under another
+// count: a window's or a log's units, a token_bucket's tokens and a bucket_ring's
+// buckets do; a gcra's or leaky_bucket's theoretical arrival time does not, since it
+// counts units in emission intervals (period / count), so a new count would revalue
+// every unit already charged.
+func countCarries(a Algorithm) bool { return a != GCRA && a != LeakyBucket }
 
 // HashTag returns the part of key that Redis Cluster hashes: the text between the
 // first '{' and the next '}' when it is not empty, else the whole key.

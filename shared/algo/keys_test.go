@@ -257,14 +257,16 @@ func TestSlot(t *testing.T) {
 }
 
 // TestMeterID checks that a meter's name in keys keeps its place and changes with
-// each of its limits' parameters, so that a reloaded policy keeps the state of the
-// limits it kept and starts the others afresh. The value is pinned: changing the
-// hash would orphan every key in production.
+// each parameter that changes what its state means (algorithm, period, bucket; for
+// gcra and leaky_bucket the count), so that a reloaded policy starts those limits
+// afresh, and stays when only a count or a burst changes, so that their state
+// carries over. The value is pinned: changing the hash would orphan every key in
+// production.
 func TestMeterID(t *testing.T) {
 	t.Parallel()
 	base := algo.Limit{Algorithm: algo.TokenBucket, Count: 10, Period: time.Second, Burst: 20}
 	m := func(ls ...algo.Limit) algo.Meter { return algo.Meter{Limits: ls} }
-	if got, want := algo.MeterID(0, m(base)), "0.c5df299c"; got != want {
+	if got, want := algo.MeterID(0, m(base)), "0.54d3c8b9"; got != want {
 		t.Errorf("MeterID(0, %v) = %s, want %s", base, got, want)
 	}
 	if a, b := algo.MeterID(3, m(base)), algo.MeterID(3, m(base)); a != b || !strings.HasPrefix(a, "3.") {
@@ -272,17 +274,31 @@ func TestMeterID(t *testing.T) {
 	}
 	seen := map[string]string{algo.MeterID(0, m(base)): "base"}
 	for name, l := range map[string]algo.Limit{
-		"algorithm": {Algorithm: algo.GCRA, Count: 10, Period: time.Second, Burst: 20},
-		"count":     {Algorithm: algo.TokenBucket, Count: 11, Period: time.Second, Burst: 20},
-		"period":    {Algorithm: algo.TokenBucket, Count: 10, Period: time.Minute, Burst: 20},
-		"burst":     {Algorithm: algo.TokenBucket, Count: 10, Period: time.Second, Burst: 21},
-		"bucket":    {Algorithm: algo.TokenBucket, Count: 10, Period: time.Second, Burst: 20, Bucket: time.Millisecond},
+		"algorithm":  {Algorithm: algo.GCRA, Count: 10, Period: time.Second, Burst: 20},
+		"period":     {Algorithm: algo.TokenBucket, Count: 10, Period: time.Minute, Burst: 20},
+		"bucket":     {Algorithm: algo.TokenBucket, Count: 10, Period: time.Second, Burst: 20, Bucket: time.Millisecond},
+		"gcra count": {Algorithm: algo.GCRA, Count: 11, Period: time.Second, Burst: 20},
+		"calendar":   algo.NewCalendarLimit(10, algo.CalendarMonth, nil),
 	} {
 		id := algo.MeterID(0, m(l))
 		if other, dup := seen[id]; dup {
 			t.Errorf("changing the %s gives MeterID %s, the same as %s", name, id, other)
 		}
 		seen[id] = name
+	}
+	for _, tt := range []struct{ from, to algo.Limit }{
+		{base, algo.Limit{Algorithm: algo.TokenBucket, Count: 11, Period: time.Second, Burst: 20}},
+		{base, algo.Limit{Algorithm: algo.TokenBucket, Count: 10, Period: time.Second, Burst: 5}},
+		{algo.Limit{Algorithm: algo.FixedWindow, Count: 2, Period: time.Minute}, algo.Limit{Algorithm: algo.FixedWindow, Count: 5, Period: time.Minute}},
+		{algo.NewCalendarLimit(10000, algo.CalendarMonth, nil), algo.NewCalendarLimit(12000, algo.CalendarMonth, nil)},
+		{algo.Limit{Algorithm: algo.SlidingLog, Count: 2, Period: time.Minute}, algo.Limit{Algorithm: algo.SlidingLog, Count: 1, Period: time.Minute}},
+		{algo.Limit{Algorithm: algo.SlidingWindow, Count: 2, Period: time.Minute}, algo.Limit{Algorithm: algo.SlidingWindow, Count: 9, Period: time.Minute}},
+		{algo.Limit{Algorithm: algo.GCRA, Count: 10, Period: time.Second, Burst: 20}, algo.Limit{Algorithm: algo.GCRA, Count: 10, Period: time.Second, Burst: 50}},
+		{algo.Limit{Algorithm: algo.LeakyBucket, Count: 10, Period: time.Second}, algo.Limit{Algorithm: algo.LeakyBucket, Count: 10, Period: time.Second, Burst: 3}},
+	} {
+		if a, b := algo.MeterID(0, m(tt.from)), algo.MeterID(0, m(tt.to)); a != b {
+			t.Errorf("MeterID(0, %v) = %s, MeterID(0, %v) = %s, want one name: the state carries over", tt.from, a, tt.to, b)
+		}
 	}
 	ring := algo.Limit{Algorithm: algo.BucketRing, Count: 10, Period: time.Second, Bucket: 100 * time.Millisecond}
 	wide := ring

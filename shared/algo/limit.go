@@ -282,24 +282,50 @@ func algorithmList() string {
 	return strings.Join(names, ", ")
 }
 
-// units maps the unit names ParseRate accepts to their length.
+// units maps the unit names ParseRate accepts to their length. The first name of
+// each is the one the documentation gives; every other is accepted as well, and
+// docs/policy.md lists them all.
 var units = []struct {
 	names []string
 	d     time.Duration
 }{
 	{[]string{"ms"}, time.Millisecond},
 	{[]string{"s", "sec", "second", "seconds"}, time.Second},
-	{[]string{"m", "min", "minute", "minutes"}, time.Minute},
+	{[]string{"min", "m", "minute", "minutes"}, time.Minute},
 	{[]string{"h", "hour", "hours"}, time.Hour},
-	{[]string{"d", "day", "days"}, 24 * time.Hour},
+	{[]string{"day", "d", "days"}, 24 * time.Hour},
 }
 
 // ParseRate parses a rate such as "100/s", "5/10s", "30/min", "10000/day" or "1/500ms"
-// into a count and a period. Units: ms, s (sec, second), m (min, minute), h (hour),
-// d (day); a unit may carry a whole-number multiplier ("10s", "15min").
+// into a count and a period. Units: ms, s (sec, second, seconds), min (m, minute,
+// minutes), h (hour, hours), day (d, days); a unit may carry a whole-number
+// multiplier ("10s", "15min"). A week or a month is not a period (see ParseQuota).
 func ParseRate(s string) (count int64, period time.Duration, err error) {
-	fail := func(msg string) (int64, time.Duration, error) {
-		return 0, 0, &FieldError{Field: "rate", Value: s, Msg: msg}
+	count, period, _, err = parseRate(s, false)
+	return count, period, err
+}
+
+// ParseQuota parses a rate as a policy writes it: every rate ParseRate reads, and
+// also COUNT/week and COUNT/month, windows of the calendar (see Calendar). unit is
+// the calendar unit the rate names — CalendarDay for COUNT/day (or d, days) without a
+// multiplier, CalendarWeek for COUNT/week, CalendarMonth for COUNT/month — or "" for
+// any other rate. period is the rate's period: zero for a week or a month, which have
+// no single length.
+func ParseQuota(s string) (count int64, period time.Duration, unit CalendarUnit, err error) {
+	return parseRate(s, true)
+}
+
+// calendarNames are the names of the calendar units that are not periods.
+var calendarNames = map[string]CalendarUnit{"week": CalendarWeek, "month": CalendarMonth}
+
+// parseRate is ParseRate, and with calendar ParseQuota.
+func parseRate(s string, calendar bool) (count int64, period time.Duration, unit CalendarUnit, err error) {
+	all := "ms, s, min, h or day"
+	if calendar {
+		all = "ms, s, min, h, day, week or month"
+	}
+	fail := func(msg string) (int64, time.Duration, CalendarUnit, error) {
+		return 0, 0, "", &FieldError{Field: "rate", Value: s, Msg: msg}
 	}
 	c, p, ok := strings.Cut(strings.TrimSpace(s), "/")
 	if !ok {
@@ -323,21 +349,33 @@ func ParseRate(s string) (count int64, period time.Duration, err error) {
 			return fail("period multiplier " + strconv.Quote(p[:i]) + " must be a whole number from 1 to 1048576")
 		}
 	}
-	unit := strings.ToLower(strings.TrimSpace(p[i:]))
-	if unit == "" {
-		return fail("missing unit; use ms, s, min, h or day")
+	name := strings.ToLower(strings.TrimSpace(p[i:]))
+	if name == "" {
+		return fail("missing unit; use " + all)
+	}
+	if cu, ok := calendarNames[name]; ok {
+		switch {
+		case !calendar:
+			return fail("unknown unit " + strconv.Quote(name) + " for a period; a week or a month is a calendar window, which only a policy's fixed_window limit counts; for a period write days, e.g. 7day")
+		case i > 0:
+			return fail("a calendar " + name + " takes no multiplier; write COUNT/" + name + ", or a period in days such as " + c + "/30day")
+		}
+		return n, 0, cu, nil
 	}
 	for _, u := range units {
-		for _, name := range u.names {
-			if unit == name {
+		for _, un := range u.names {
+			if name == un {
 				if time.Duration(mult) > MaxPeriod/u.d {
 					return fail("period is longer than 366 days")
 				}
-				return n, time.Duration(mult) * u.d, nil
+				if calendar && i == 0 && u.d == 24*time.Hour {
+					unit = CalendarDay
+				}
+				return n, time.Duration(mult) * u.d, unit, nil
 			}
 		}
 	}
-	return fail("unknown unit " + strconv.Quote(unit) + "; use ms, s, min, h or day")
+	return fail("unknown unit " + strconv.Quote(name) + "; use " + all)
 }
 
 // FormatRate formats a count and period the way ParseRate reads them, with the largest
@@ -351,8 +389,8 @@ func FormatRate(count int64, period time.Duration) string {
 		if period%u.d == 0 {
 			m := int64(period / u.d)
 			name := u.names[0]
-			if u.d == time.Minute {
-				name = "min"
+			if u.d == 24*time.Hour {
+				name = "d" // as FormatRate has always written it
 			}
 			if m == 1 {
 				return strconv.FormatInt(count, 10) + "/" + name

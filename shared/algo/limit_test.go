@@ -401,3 +401,55 @@ func TestMeterRingBucket(t *testing.T) {
 		}
 	}
 }
+
+// TestParseQuota checks the rates a policy writes: ParseRate's, and a week or a
+// month of the calendar, which have no period; and that ParseRate refuses the
+// calendar's units with a message that says what they are.
+func TestParseQuota(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		in     string
+		count  int64
+		period time.Duration
+		unit   algo.CalendarUnit
+	}{
+		{"10000/month", 10000, 0, algo.CalendarMonth},
+		{" 10000 / Month ", 10000, 0, algo.CalendarMonth},
+		{"5/week", 5, 0, algo.CalendarWeek},
+		{"10000/day", 10000, 24 * time.Hour, algo.CalendarDay},
+		{"10000/d", 10000, 24 * time.Hour, algo.CalendarDay},
+		{"10000/days", 10000, 24 * time.Hour, algo.CalendarDay},
+		{"10000/2day", 10000, 48 * time.Hour, ""},
+		{"5/minute", 5, time.Minute, ""},
+		{"5/m", 5, time.Minute, ""},
+		{"5/hour", 5, time.Hour, ""},
+		{"100/s", 100, time.Second, ""},
+	}
+	for _, tt := range tests {
+		count, period, unit, err := algo.ParseQuota(tt.in)
+		if count != tt.count || period != tt.period || unit != tt.unit || err != nil {
+			t.Errorf("ParseQuota(%q) = %d, %v, %q, %v, want %d, %v, %q, nil", tt.in, count, period, unit, err, tt.count, tt.period, tt.unit)
+		}
+	}
+	errs := []struct {
+		in, msg string
+		quota   bool // ParseQuota, else ParseRate
+	}{
+		{"10/x", `rate: "10/x": unknown unit "x"; use ms, s, min, h, day, week or month`, true},
+		{"10/x", `rate: "10/x": unknown unit "x"; use ms, s, min, h or day`, false},
+		{"1/2month", `rate: "1/2month": a calendar month takes no multiplier; write COUNT/month, or a period in days such as 1/30day`, true},
+		{"5/weeks", `rate: "5/weeks": unknown unit "weeks"; use ms, s, min, h, day, week or month`, true},
+		{"10000/month", `rate: "10000/month": unknown unit "month" for a period; a week or a month is a calendar window, which only a policy's fixed_window limit counts; for a period write days, e.g. 7day`, false},
+	}
+	for _, tt := range errs {
+		var err error
+		if tt.quota {
+			_, _, _, err = algo.ParseQuota(tt.in)
+		} else {
+			_, _, err = algo.ParseRate(tt.in)
+		}
+		if err == nil || err.Error() != tt.msg {
+			t.Errorf("Parse(%q, quota %v) = %v, want %s", tt.in, tt.quota, err, tt.msg)
+		}
+	}
+}

@@ -4,7 +4,9 @@ import "math"
 
 // tokenBucket holds up to Capacity tokens (Burst, or Count) and refills Count tokens
 // per Period continuously; a request takes cost tokens or is denied. An absent key is
-// a full bucket. State: Tokens, Time (last refill, µs). In Redis: one hash {t, s}.
+// a full bucket. State: Tokens, Time (last refill, µs). In Redis: one hash {t, s, e}, e the
+// state's ExpiresMicros, so that the script, like a store of the model, reads a
+// state past it as an absent key.
 func tokenBucket(l Limit, s State, now, cost int64) (State, Decision) {
 	p, n, b := float64(micros(l.Period)), float64(l.Count), float64(l.Capacity())
 	tokens, last := b, float64(now)

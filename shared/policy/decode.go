@@ -59,7 +59,7 @@ var (
 	identityFields  = []string{"trusted_proxies", "ipv6_prefix"}
 	denyCacheFields = []string{"enabled", "max_entries"}
 	ruleFields      = []string{"name", "match", "limits", "unlimited", "replaces", "shadow"}
-	limitFields     = []string{"algorithm", "rate", "burst", "bucket", "record", "calendar", "lease", "replicas"}
+	limitFields     = []string{"algorithm", "rate", "burst", "bucket", "record", "calendar", "lease", "replicas", "counter"}
 	leaseFields     = []string{"units", "for"}     // lease: see Lease and decoder.lease
 	replicasFields  = []string{"count", "timeout"} // replicas: see decoder.replicas
 	calendarFields  = []string{"timezone"}
@@ -89,6 +89,8 @@ type decoder struct {
 	dropped  int   // problems beyond the 10*maxProblems kept while walking
 	visits   int
 	over     bool // maxVisits reached; the walk stops
+
+	counters []counterUse // every limit's counter field, for checkCounters (continuity.go)
 }
 
 func (d *decoder) add(n *yaml.Node, path, msg string) {
@@ -209,6 +211,7 @@ func (d *decoder) parse(data []byte) *Policy {
 	p.Plans = d.plans(f.get("plans"))
 	if n := f.need("rules", "list the rules, each with a name, a match and limits"); n != nil {
 		d.rules(n, "rules", p)
+		d.checkCounters(p)
 	}
 
 	if shardNode != nil && len(p.Rules) > 0 {
@@ -868,6 +871,7 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 			r.Records = append(r.Records, rec)
 			r.addLease(j, d.lease(lf, l, rec, r.Shadow)) // lease: see decoder.lease
 			r.Replicas = addPer(r.Replicas, j, d.replicas(lf))
+			r.Counters = addPer(r.Counters, j, d.counter(lf, l, r, path, j)) // counter: see continuity.go
 			limitNodes = append(limitNodes, d.node(ln))
 			if d.over {
 				return r, nameNode
@@ -995,8 +999,18 @@ func (d *decoder) limit(n *yaml.Node, path string) (l algo.Limit, record string,
 					l, rateBad = algo.NewCalendarLimit(c, unit, zone), false
 					l.Algorithm = a
 				}
-			} else if c, p, err := algo.ParseRate(s); err != nil {
+			} else if c, p, unit, err := algo.ParseQuota(s); err != nil {
 				d.fieldErrors(v, path, err)
+			} else if p == 0 {
+				// COUNT/week and COUNT/month without calendar: the calendar's windows in UTC.
+				if l.Algorithm.Valid() && l.Algorithm != algo.FixedWindow {
+					days := map[algo.CalendarUnit]string{algo.CalendarWeek: "7day", algo.CalendarMonth: "30day"}[unit]
+					d.addf(v, f.at("rate"), "%s: a %s is a window of the calendar, which only fixed_window counts; use algorithm: fixed_window, or a period in days such as %d/%s", quote(s), unit, c, days)
+				} else {
+					a := l.Algorithm
+					l, rateBad = algo.NewCalendarLimit(c, unit, time.UTC), false
+					l.Algorithm = a
+				}
 			} else {
 				l.Count, l.Period, rateBad = c, p, false
 			}
@@ -1063,8 +1077,7 @@ func calendarRate(s string) (int64, algo.CalendarUnit, error) {
 	if !ok || err != nil || n < 1 {
 		return 0, "", errors.New("want COUNT/day, COUNT/week or COUNT/month, e.g. 10000/month")
 	}
-	switch unit := algo.CalendarUnit(strings.TrimSpace(u)); unit {
-	case algo.CalendarDay, algo.CalendarWeek, algo.CalendarMonth:
+	if _, _, unit, err := algo.ParseQuota(s); err == nil && unit != "" && strings.TrimSpace(u) != "" {
 		return n, unit, nil
 	}
 	return 0, "", errors.New("a calendar window is a day, a week or a month: write COUNT/day, COUNT/week or COUNT/month")

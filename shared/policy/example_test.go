@@ -35,9 +35,9 @@ rules:
 		}
 	}
 	// Output:
-	// per-key tg:{k1}per-key::0.41096715 [gcra 100/s burst 200]
-	// per-key tg:{k1}per-key::1.5c6e6a8e [fixed_window 10000/d]
-	// uploads tg:{k1}uploads:/upload:0.60295d79 [leaky_bucket 10/s burst 20]
+	// per-key tg:{k1}per-key::0.c5936300 [gcra 100/s burst 200]
+	// per-key tg:{k1}per-key::0.0c8a238f [fixed_window 10000/d]
+	// uploads tg:{k1}uploads:/upload:0.413c6940 [leaky_bucket 10/s burst 20]
 }
 
 func ExampleParse_errors() {
@@ -54,10 +54,10 @@ rules:
 	fmt.Println(err)
 	// Output:
 	// policy: 4 problems:
-	//	rules[0].limits[0].rate: "5/x": unknown unit "x"; use ms, s, min, h or day (line 6)
+	//	rules[0].limits[0].rate: "5/x": unknown unit "x"; use ms, s, min, h, day, week or month (line 6)
 	//	rules[0].limits[0].burst: "10": sliding_log has no burst; remove it or use token_bucket, gcra or leaky_bucket (line 6)
 	//	rules[1].name: "per-key" is used by rules[0]; rule names must be unique (line 7)
-	//	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas (line 9)
+	//	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas, counter (line 9)
 }
 
 // A hot global limit served from leases: each instance reserves 50 units at a time

@@ -58,9 +58,7 @@ func (r *Rule) compile(shardBy string) {
 		r.meterRecord = append(r.meterRecord, r.Records[i])
 		r.recording = r.recording || r.Records[i] != ""
 	}
-	for i, m := range r.Meters {
-		r.meterIDs = append(r.meterIDs, algo.MeterID(i, m))
-	}
+	r.nameMeters()
 }
 
 // limitReplicas returns the replicas limit i asks for, or the zero value.
@@ -203,6 +201,10 @@ func (p *Policy) AppendMatch(dst []Match, attrs map[string]string) []Match {
 		k := len(r.Meters)
 		m.Keys, keys = keys[:k:k], keys[k:]
 		for i := range r.Meters {
+			if r.meterCount != nil && r.meterCount[i] != "" {
+				m.Keys[i] = r.counterKey(p, i, func(a string) string { return r.Match[a].keyValue(attrs[a]) })
+				continue
+			}
 			m.Keys[i] = algo.Key(p.Prefix, tag, r.Name, identity, r.meterIDs[i])
 		}
 		m.Meters = r.Meters

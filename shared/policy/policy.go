@@ -193,6 +193,10 @@ type Rule struct {
 	// decision is answered (algo.Replicas; the policy's replicas field); the zero
 	// value for none. Nil when no limit of the rule asks.
 	Replicas []algo.Replicas
+	// Counters holds, per limit, the name of the counter whose state it shares with
+	// the limits of other rules that name it (the policy's counter field), or "" for
+	// the limit's own. Nil when no limit of the rule names one.
+	Counters []string
 	// Meters are the compiled limits, one store key each: the rule's bucket_ring limits
 	// form one meter (at the place of the first of them), every other limit its own.
 	// Record is empty here; Match fills it from the request.
@@ -202,6 +206,7 @@ type Rule struct {
 	sharded     bool     // Match names the policy's ShardBy attribute
 	meterRecord []string // per meter, the attribute to record, or ""
 	meterIDs    []string // per meter, its name in keys (algo.MeterID)
+	meterCount  []string // per meter, its counter (Counters), or ""; nil for none
 	meterLease  []Lease  // per meter, its lease; nil when no limit leases
 	replacedBy  []*Rule  // the rules whose Replaces name this one
 	recording   bool     // some meter records

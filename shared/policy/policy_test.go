@@ -299,9 +299,9 @@ func TestValidation(t *testing.T) {
 		{"unknown top-level field", "domain: d\ncolour: red\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
 			[]string{"colour: unknown field; known fields: domain, prefix, shard_by, failure, identity, deny_cache, plans, rules"}},
 		{"unknown limit field", rule("{algorithm: gcra, rate: 1/s, colour: red}"),
-			[]string{"rules[0].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas"}},
+			[]string{"rules[0].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas, counter"}},
 		{"misspelt field", rule("{algorithm: gcra, rate: 1/s, brust: 3}"),
-			[]string{`rules[0].limits[0].brust: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas; did you mean "burst"?`}},
+			[]string{`rules[0].limits[0].brust: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas, counter; did you mean "burst"?`}},
 		{"unknown fields everywhere", "domain: d\nfailure: {mode: open, retries: 3, breaker: {fails: 1}}\nidentity: {proxies: 1}\ndeny_cache: {size: 1}\nrules: [{name: r, when: x, limits: [{algorithm: gcra, rate: 1/s, cost: 2}]}]\n",
 			[]string{
 				"failure.retries: unknown field; known fields: mode, timeout, expected_instances, breaker",
@@ -309,12 +309,12 @@ func TestValidation(t *testing.T) {
 				"identity.proxies: unknown field; known fields: trusted_proxies, ipv6_prefix",
 				"deny_cache.size: unknown field; known fields: enabled, max_entries",
 				"rules[0].when: unknown field; known fields: name, match, limits, unlimited, replaces, shadow",
-				"rules[0].limits[0].cost: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas",
+				"rules[0].limits[0].cost: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas, counter",
 			}},
 		{"repeated field", "domain: d\ndomain: e\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",
 			[]string{"domain: appears twice (first on line 1); remove one"}},
 		{"bad rate unit", "domain: d\nrules:\n- {name: a, limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: b, limits: [{algorithm: gcra, rate: 1/s}]}\n- {name: c, limits: [{algorithm: fixed_window, rate: 10/x}]}\n",
-			[]string{`rules[2].limits[0].rate: "10/x": unknown unit "x"; use ms, s, min, h or day`}},
+			[]string{`rules[2].limits[0].rate: "10/x": unknown unit "x"; use ms, s, min, h, day, week or month`}},
 		{"bad rate form", rule("{algorithm: gcra, rate: 100}"),
 			[]string{`rules[0].limits[0].rate: "100": want COUNT/PERIOD, e.g. "100/s", "5/10s", "30/min"`}},
 		{"zero count", rule("{algorithm: gcra, rate: 0/s}"),
@@ -458,9 +458,9 @@ func TestValidationErrorMessage(t *testing.T) {
 	in := "domain: d\nrules:\n- {name: a, limits: [{algorithm: gcra, rate: 1/x}]}\n- {name: a, limits: [{algorithm: gcra, rate: 1/s, colour: red}]}\n"
 	_, err := policy.Parse([]byte(in))
 	want := `policy: 3 problems:
-	rules[0].limits[0].rate: "1/x": unknown unit "x"; use ms, s, min, h or day (line 3)
+	rules[0].limits[0].rate: "1/x": unknown unit "x"; use ms, s, min, h, day, week or month (line 3)
 	rules[1].name: "a" is used by rules[0]; rule names must be unique (line 4)
-	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas (line 4)`
+	rules[1].limits[0].colour: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas, counter (line 4)`
 	if err == nil || err.Error() != want {
 		t.Errorf("Parse().Error() = %v, want %s", err, want)
 	}

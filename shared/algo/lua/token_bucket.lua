@@ -1,6 +1,11 @@
 -- token_bucket: up to capacity tokens, refilled at count per period continuously; a
 -- request takes cost tokens. An absent key is a full bucket.
--- KEYS: the meter key K, a hash {t: tokens, s: time of the last refill (us)}.
+-- KEYS: the meter key K, a hash {t: tokens, s: time of the last refill (us), e: the
+-- time the bucket is full (us), when the state ends}. A state read at or after e is an
+-- absent key (a full bucket), as the Go model reads it: the key's TTL ends near e, but
+-- rounded to milliseconds (and a second later on a caller's clock), and a reload that
+-- raises the count or burst (the key stays, see algo.MeterID) would otherwise read the
+-- bucket as not yet full in that gap, where the model reads it full.
 -- Limit (one, see prelude.lua): count, period_us, capacity, 0.
 -- Reply: one decision; reset_after is the time to a full bucket.
 -- Time: the caller's now (server TIME unless the caller passed one).
@@ -8,9 +13,9 @@
 A.token_bucket = algorithm({
   check = function(key, now, cost, lim, record, out, o)
     local n, p, b = lim[1], lim[2], lim[3]
-    local st = redis.call('HMGET', key, 't', 's')
+    local st = redis.call('HMGET', key, 't', 's', 'e')
     local tokens, last = b, now
-    if st[1] then tokens, last = tonumber(st[1]), tonumber(st[2]) end
+    if st[1] and not (st[3] and tonumber(st[3]) <= now) then tokens, last = tonumber(st[1]), tonumber(st[2]) end
     local elapsed = max(0, now - last)
     -- a request timed before the last refill waits for refills from that refill on
     local ahead = max(0, last - now)
@@ -28,7 +33,7 @@ A.token_bucket = algorithm({
   end,
   commit = function(key, now, cost, lim, record, left, last, reset)
     if cost == 0 then return end
-    redis.call('HSET', key, 't', num(left), 's', num(last))
+    redis.call('HSET', key, 't', num(left), 's', num(last), 'e', string.format('%d', now + max(reset, 1)))
     redis.call('PEXPIRE', key, ttl(reset))
   end,
   refund = function(key, now, cost, lim, extra)
