@@ -344,7 +344,7 @@ func (e *Engine) Policy() *policy.Policy { return e.cur.Load().pol }
 
 // SetPolicy makes the engine decide with p from its next request on; requests already
 // planned finish under the policy they were planned with. Limits whose keys p keeps
-// (the same rule name, match and limit position) keep their state in the store. The
+// keep their state in the store (policy.Fresh); the others are logged. The
 // deny cache starts empty, since p may have raised a limit that denied; the failure
 // mode, timeout and identity options take effect at once, and a node store's
 // circuit breakers start afresh when p changes their settings. The store's
@@ -354,6 +354,9 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 		return errors.New("engine: nil policy")
 	}
 	old := e.cur.Swap(newCurrent(p))
+	if fresh := policy.Fresh(old.pol, p); len(fresh) > 0 {
+		e.log.Info("the new policy starts these limits afresh: their algorithm, period or key changed, so their state does not carry over", "limits", fresh)
+	}
 	if old.leases != nil {
 		// The old policy's leases serve no more requests: give back their units.
 		go e.returnLeases(context.Background(), old, true)
