@@ -66,11 +66,11 @@ type config struct {
 	AdminToken   string // TOLLGATE_ADMIN_TOKEN: enables /v1/state and /v1/reset
 	OnLambda     bool   // AWS_LAMBDA_RUNTIME_API is set
 	// Batch sends concurrent decisions to Redis as one pipeline (TOLLGATE_BATCH,
-	// default true; see redisstore.Batcher).
+	// default true; see redisstore.Options).
 	Batch bool
 	// BatchWait bounds how long a decision queued behind a Redis round trip waits
 	// before its queue goes out on its own (TOLLGATE_BATCH_WAIT, 1µs to 1s; unset:
-	// redisstore.DefaultMaxWait).
+	// redisstore.DefaultBatchWait).
 	BatchWait time.Duration
 	// Auth is the ElastiCache authentication: REDIS_AUTH_SECRET_ARN, or
 	// REDIS_IAM_USER + REDIS_CACHE_NAME (+ REDIS_IAM_SERVERLESS).
@@ -152,7 +152,7 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	if v := getenv("TOLLGATE_BATCH_WAIT"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 || d > time.Second {
-			return c, fmt.Errorf("TOLLGATE_BATCH_WAIT=%q: want a duration from 1us to 1s, such as 300us (leave it unset for the default, %v)", v, redisstore.DefaultMaxWait)
+			return c, fmt.Errorf("TOLLGATE_BATCH_WAIT=%q: want a duration from 1us to 1s, such as 300us (leave it unset for the default, %v)", v, redisstore.DefaultBatchWait)
 		}
 		c.BatchWait = d
 	}
@@ -341,7 +341,14 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		}
 		url = "redis://" + s.mini.Addr()
 	}
-	store, err := awsredis.OpenStore(ctx, redisstore.Config{URL: url, Cluster: c.RedisCluster}, c.Auth, log)
+	rc := redisstore.Config{URL: url, Cluster: c.RedisCluster}
+	if c.Batch {
+		rc.BatchWait = redisstore.DefaultBatchWait
+		if c.BatchWait != 0 {
+			rc.BatchWait = c.BatchWait
+		}
+	}
+	store, err := awsredis.OpenStore(ctx, rc, c.Auth, log)
 	if err != nil {
 		s.Close()
 		return nil, err
@@ -351,25 +358,16 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		Name: "tollgate_unreplicated_total",
 		Help: "Admissions of limits with replicas whose charge did not reach that many replicas before the WAIT timed out (the decision stands).",
 	}, func() float64 { return float64(store.Unreplicated()) }))
-	var decider engine.Store = store
-	if c.Batch {
-		b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{MaxWait: c.BatchWait})
-		if err != nil {
-			s.Close()
-			return nil, err
-		}
-		decider = b
-	}
 	// The engines of envoyproxy/ratelimit's domains come first, so that the store's
 	// circuit breakers take the policy's settings from the engine made last.
 	var domains map[string]rls.Domain
 	if c.ERLConfig != "" {
-		if domains, s.erl, err = erlEngines(ctx, c.ERLConfig, decider, metrics.Hooks(), s, log); err != nil {
+		if domains, s.erl, err = erlEngines(ctx, c.ERLConfig, store, metrics.Hooks(), s, log); err != nil {
 			s.Close()
 			return nil, err
 		}
 	}
-	s.eng, err = engine.New(engine.Config{Policy: p, Store: decider, Logger: log, Hooks: metrics.Hooks()})
+	s.eng, err = engine.New(engine.Config{Policy: p, Store: store, Logger: log, Hooks: metrics.Hooks()})
 	if err != nil {
 		s.Close()
 		return nil, err
