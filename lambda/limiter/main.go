@@ -79,11 +79,11 @@ type config struct {
 	AdminToken string
 	OnLambda   bool // AWS_LAMBDA_RUNTIME_API is set
 	// Batch sends concurrent decisions to Redis as one pipeline (TOLLGATE_BATCH /
-	// --batch, default true; see redisstore.Batcher).
+	// --batch, default true; see redisstore.Options).
 	Batch bool
 	// BatchWait bounds how long a decision queued behind a Redis round trip waits
 	// before its queue goes out on its own (TOLLGATE_BATCH_WAIT / --batch-wait, 1µs to 1s; unset:
-	// redisstore.DefaultMaxWait).
+	// redisstore.DefaultBatchWait).
 	BatchWait time.Duration
 	// Auth is the ElastiCache authentication: REDIS_AUTH_SECRET_ARN, or
 	// REDIS_IAM_USER + REDIS_CACHE_NAME (+ REDIS_IAM_SERVERLESS).
@@ -175,7 +175,7 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	if v := getenv("TOLLGATE_BATCH_WAIT"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || !validBatchWait(d) {
-			return c, fmt.Errorf("TOLLGATE_BATCH_WAIT=%q: want a duration from 1us to 1s, such as 300us (leave it unset for the default, %v)", v, redisstore.DefaultMaxWait)
+			return c, fmt.Errorf("TOLLGATE_BATCH_WAIT=%q: want a duration from 1us to 1s, such as 300us (leave it unset for the default, %v)", v, redisstore.DefaultBatchWait)
 		}
 		c.BatchWait = d
 	}
@@ -219,7 +219,7 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 			c.PolicyPath, c.PolicyJSON = "", ""
 		case "batch-wait":
 			if !validBatchWait(c.BatchWait) {
-				err = fmt.Errorf("--batch-wait (TOLLGATE_BATCH_WAIT) = %v: want a duration from 1us to 1s, such as 300us (leave it unset for the default, %v)", c.BatchWait, redisstore.DefaultMaxWait)
+				err = fmt.Errorf("--batch-wait (TOLLGATE_BATCH_WAIT) = %v: want a duration from 1us to 1s, such as 300us (leave it unset for the default, %v)", c.BatchWait, redisstore.DefaultBatchWait)
 			}
 		}
 	})
@@ -263,7 +263,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.RedisCluster, "redis-cluster", c.RedisCluster, "the Redis is a Redis Cluster (env REDIS_CLUSTER)")
 	fs.StringVar(&c.EmbeddedRedis, "embedded-redis", c.EmbeddedRedis, "without --redis, the embedded Redis listens on `ADDR`; empty: a free port on 127.0.0.1. Its URL is logged at start (\"embedded Redis listening\") for limiter policy explain --redis URL (env TOLLGATE_EMBEDDED_REDIS)")
 	fs.BoolVar(&c.Batch, "batch", c.Batch, "send concurrent decisions to Redis as one pipeline; --batch=false: one round trip each (env TOLLGATE_BATCH)")
-	fs.DurationVar(&c.BatchWait, "batch-wait", c.BatchWait, "a decision queued behind a Redis round trip waits at most `DURATION` (1us to 1s); 0: "+redisstore.DefaultMaxWait.String()+" (env TOLLGATE_BATCH_WAIT)")
+	fs.DurationVar(&c.BatchWait, "batch-wait", c.BatchWait, "a decision queued behind a Redis round trip waits at most `DURATION` (1us to 1s); 0: "+redisstore.DefaultBatchWait.String()+" (env TOLLGATE_BATCH_WAIT)")
 	c.Server.flags(fs)
 }
 
@@ -429,7 +429,14 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		}
 		log.Info("embedded Redis listening", "url", url, "explain", "limiter policy explain --redis "+url+" "+file+" ATTRIBUTE=VALUE...")
 	}
-	store, err := awsredis.OpenStore(ctx, redisstore.Config{URL: url, Cluster: c.RedisCluster}, c.Auth, log)
+	rc := redisstore.Config{URL: url, Cluster: c.RedisCluster}
+	if c.Batch {
+		rc.BatchWait = redisstore.DefaultBatchWait
+		if c.BatchWait != 0 {
+			rc.BatchWait = c.BatchWait
+		}
+	}
+	store, err := awsredis.OpenStore(ctx, rc, c.Auth, log)
 	if err != nil {
 		s.Close()
 		return nil, err
@@ -439,25 +446,16 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		Name: "tollgate_unreplicated_total",
 		Help: "Admissions of limits with replicas whose charge did not reach that many replicas before the WAIT timed out (the decision stands).",
 	}, func() float64 { return float64(store.Unreplicated()) }))
-	var decider engine.Store = store
-	if c.Batch {
-		b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{MaxWait: c.BatchWait})
-		if err != nil {
-			s.Close()
-			return nil, err
-		}
-		decider = b
-	}
 	// The engines of envoyproxy/ratelimit's domains come first, so that the store's
 	// circuit breakers take the policy's settings from the engine made last.
 	var domains map[string]rls.Domain
 	if c.ERLConfig != "" {
-		if domains, s.erl, err = erlEngines(ctx, c.ERLConfig, decider, metrics.Hooks(), s, log); err != nil {
+		if domains, s.erl, err = erlEngines(ctx, c.ERLConfig, store, metrics.Hooks(), s, log); err != nil {
 			s.Close()
 			return nil, err
 		}
 	}
-	s.eng, err = engine.New(engine.Config{Policy: p, Store: decider, Logger: log, Hooks: metrics.Hooks()})
+	s.eng, err = engine.New(engine.Config{Policy: p, Store: store, Logger: log, Hooks: metrics.Hooks()})
 	if err != nil {
 		s.Close()
 		return nil, err

@@ -267,7 +267,7 @@ func batchingTable(b *bytes.Buffer, r *results) {
 		return
 	}
 	fmt.Fprintf(b, "\n## Automatic batching (one gcra limit, %d distinct clients)\n\n", r.Meta.Clients)
-	fmt.Fprintf(b, "`engine/gcra` decides on `redisstore.Store`; `engine+args/gcra` on `redisstore.Batcher` with `MaxBatch: 1` (batching off, the same precomputed arguments); `engine+batch/gcra` on `redisstore.Batcher` with the defaults (MaxBatch %d, MaxWait %v).\n\n", redisstore.DefaultMaxBatch, redisstore.DefaultMaxWait)
+	fmt.Fprintf(b, "`engine/gcra` decides on `redisstore.Store`; `engine+args/gcra` on a `redisstore.Store` with `MaxBatch: 1` (batching off); `engine+batch/gcra` on one batching with the defaults (MaxBatch %d, BatchWait %v).\n\n", redisstore.DefaultMaxBatch, redisstore.DefaultBatchWait)
 	fmt.Fprintf(b, "| contender | c | dec/s | × batching off | p50 µs | p99 µs | Redis CPU µs/dec | allocs/dec |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range r.Meta.Conc {
 		off := r.find(names[1], distinct, c)

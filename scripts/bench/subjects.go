@@ -97,16 +97,16 @@ type storeKind int
 
 const (
 	plainStore storeKind = iota // redisstore.Store: today's hot path
-	argsStore                   // Batcher{MaxBatch: 1}: precomputed arguments, no batching
-	batchStore                  // Batcher with the defaults: batching on
+	argsStore                   // a store with MaxBatch 1: batching off
+	batchStore                  // a store batching with the defaults
 )
 
 func (e *env) engineStore(k storeKind) (engine.Store, error) {
 	switch k {
 	case argsStore:
-		return redisstore.NewBatcher(e.store, redisstore.BatchConfig{MaxBatch: 1})
+		return redisstore.NewWithOptions(e.store.Client(), redisstore.Options{BatchWait: redisstore.DefaultBatchWait, MaxBatch: 1})
 	case batchStore:
-		return redisstore.NewBatcher(e.store, redisstore.BatchConfig{})
+		return redisstore.NewWithOptions(e.store.Client(), redisstore.Options{BatchWait: redisstore.DefaultBatchWait})
 	}
 	return e.store, nil
 }
@@ -189,7 +189,7 @@ func subjects() []subject {
 		desc   string
 	}{
 		{"engine", plainStore, "tollgate engine in process on redisstore.Store (one EVALSHA per decision)"},
-		{"engine+batch", batchStore, "tollgate engine in process on redisstore.Batcher (automatic pipelining, defaults)"},
+		{"engine+batch", batchStore, "tollgate engine in process on a batching redisstore.Store (automatic pipelining, defaults)"},
 	} {
 		for _, a := range algo.Algorithms {
 			ss = append(ss, subject{
@@ -202,7 +202,7 @@ func subjects() []subject {
 	ss = append(ss,
 		subject{
 			Name:  "engine+args/gcra",
-			Desc:  "tollgate engine on redisstore.Batcher{MaxBatch: 1}: precomputed script arguments, batching off",
+			Desc:  "tollgate engine on redisstore.Store with MaxBatch 1: batching off",
 			setup: engineSetup(argsStore, limitYAML(algo.GCRA)),
 		},
 		subject{
@@ -240,12 +240,12 @@ func subjects() []subject {
 		},
 		subject{
 			Name:  "engine+batch/3-limits",
-			Desc:  "the same three limits on redisstore.Batcher",
+			Desc:  "the same three limits on a batching redisstore.Store",
 			setup: engineSetup(batchStore, threeLimits...),
 		},
 		subject{
 			Name:  "http/gcra",
-			Desc:  "the decision service over loopback HTTP (`POST /v1/check`), engine on redisstore.Batcher, one gcra limit; the client is a proxy's: kept-alive HTTP/1.1 connections (one per worker in flight), each request written and its response read by the worker itself",
+			Desc:  "the decision service over loopback HTTP (`POST /v1/check`), engine on a batching redisstore.Store, one gcra limit; the client is a proxy's: kept-alive HTTP/1.1 connections (one per worker in flight), each request written and its response read by the worker itself",
 			setup: func(e *env) (op, func(), error) { return e.httpSubject(batchStore, false) },
 		},
 		subject{

@@ -59,8 +59,8 @@ func BenchmarkHandlerInProcess(b *testing.B) {
 }
 
 // benchStores starts a redis-server and returns a store on it, scripts loaded, and
-// a batcher with the defaults on that store; both close when b ends.
-func benchStores(b *testing.B) (*redisstore.Store, *redisstore.Batcher) {
+// a store on the same client that batches with the defaults; both close when b ends.
+func benchStores(b *testing.B) (*redisstore.Store, *redisstore.Store) {
 	b.Helper()
 	srv := redistest.StartServer(b)
 	s, err := redisstore.Open(redisstore.Config{URL: srv.URL(), Timeout: 5 * time.Second})
@@ -71,7 +71,7 @@ func benchStores(b *testing.B) (*redisstore.Store, *redisstore.Batcher) {
 	if err := s.Preload(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	bt, err := redisstore.NewBatcher(s, redisstore.BatchConfig{})
+	bt, err := redisstore.NewWithOptions(s.Client(), redisstore.Options{BatchWait: redisstore.DefaultBatchWait})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -33,18 +33,14 @@ func readyService(t *testing.T, url string, cluster bool) (string, *engine.Engin
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster})
+	store, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster, BatchWait: redisstore.DefaultBatchWait})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	reg := prometheus.NewRegistry()
 	m := decision.NewMetrics(reg)
-	eng, err := engine.New(engine.Config{Policy: p, Store: b, Hooks: m.Hooks()})
+	eng, err := engine.New(engine.Config{Policy: p, Store: store, Hooks: m.Hooks()})
 	if err != nil {
 		t.Fatal(err)
 	}

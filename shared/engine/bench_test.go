@@ -85,12 +85,12 @@ func BenchmarkCheck(b *testing.B) {
 	} {
 		for _, st := range []struct {
 			name string
-			cfg  *redisstore.BatchConfig
-		}{{"store", nil}, {"unbatched", &redisstore.BatchConfig{MaxBatch: 1}}, {"batcher", &redisstore.BatchConfig{}}} {
+			o    *redisstore.Options
+		}{{"store", nil}, {"unbatched", &redisstore.Options{BatchWait: redisstore.DefaultBatchWait, MaxBatch: 1}}, {"batcher", &redisstore.Options{BatchWait: redisstore.DefaultBatchWait}}} {
 			b.Run(tc.name+"/"+st.name, func(b *testing.B) {
 				var store engine.Store = s
-				if st.cfg != nil {
-					bt, err := redisstore.NewBatcher(s, *st.cfg)
+				if st.o != nil {
+					bt, err := redisstore.NewWithOptions(s.Client(), *st.o)
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -114,12 +114,12 @@ func BenchmarkCheckParallel(b *testing.B) {
 	attrs := benchAttrs(10000)
 	for _, st := range []struct {
 		name string
-		cfg  *redisstore.BatchConfig
-	}{{"store", nil}, {"unbatched", &redisstore.BatchConfig{MaxBatch: 1}}, {"batcher", &redisstore.BatchConfig{}}} {
+		o    *redisstore.Options
+	}{{"store", nil}, {"unbatched", &redisstore.Options{BatchWait: redisstore.DefaultBatchWait, MaxBatch: 1}}, {"batcher", &redisstore.Options{BatchWait: redisstore.DefaultBatchWait}}} {
 		b.Run("gcra/"+st.name, func(b *testing.B) {
 			var store engine.Store = s
-			if st.cfg != nil {
-				bt, err := redisstore.NewBatcher(s, *st.cfg)
+			if st.o != nil {
+				bt, err := redisstore.NewWithOptions(s.Client(), *st.o)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -31,9 +31,8 @@ type Store interface {
 	Decide(ctx context.Context, c algo.Check) (algo.Outcome, error)
 }
 
-// NodeStore is a Store that keeps a circuit breaker per node (redisstore's Store and
-// Batcher), so that a failing node fails only the requests whose keys it holds. The
-// engine hands it the policy's breaker settings and keeps no breaker of its own; a
+// NodeStore is a Store that keeps a circuit breaker per node (redisstore's Store),
+// so that a failing node fails only the requests whose keys it holds. The engine hands it the policy's breaker settings and keeps no breaker of its own; a
 // Store that is not a NodeStore is guarded by one breaker in the engine.
 type NodeStore interface {
 	Store

@@ -104,17 +104,13 @@ type failoverRun struct {
 // startFailoverRun builds the engine on the Redis at url and starts the load.
 func startFailoverRun(t *testing.T, url string, cluster bool) *failoverRun {
 	t.Helper()
-	store, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster})
+	store, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster, BatchWait: redisstore.DefaultBatchWait})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
 	if err := store.Preload(context.Background()); err != nil {
 		t.Fatalf("Preload() = %v, want nil", err)
-	}
-	b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{})
-	if err != nil {
-		t.Fatal(err)
 	}
 	r := &failoverRun{logs: &lineLog{max: 40}, stop: make(chan struct{}), denied: make([]atomic.Bool, failoverKeys)}
 	hooks := engine.Hooks{
@@ -132,7 +128,7 @@ func startFailoverRun(t *testing.T, url string, cluster bool) *failoverRun {
 	}
 	r.eng, err = engine.New(engine.Config{
 		Policy: failoverPolicy(t),
-		Store:  b,
+		Store:  store,
 		Logger: slog.New(slog.NewTextHandler(r.logs, nil)),
 		Hooks:  hooks,
 	})

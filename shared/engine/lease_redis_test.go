@@ -51,7 +51,7 @@ func redisInstances(t *testing.T, srv *redistest.Server, p *policy.Policy, batch
 		rf := st
 		var decider engine.Store = st
 		if batched {
-			if decider, err = redisstore.NewBatcher(st, redisstore.BatchConfig{}); err != nil {
+			if decider, err = redisstore.NewWithOptions(st.Client(), redisstore.Options{BatchWait: redisstore.DefaultBatchWait}); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -74,8 +74,8 @@ func measureLostCharges(t *testing.T, url string, cluster bool, replicas string,
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, b := openBatcher(t, url, cluster)
-	eng, err := engine.New(engine.Config{Policy: p, Store: b, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	store := openBatching(t, url, cluster)
+	eng, err := engine.New(engine.Config{Policy: p, Store: store, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,17 +211,13 @@ rules:
 `, lostLimit, opt)
 }
 
-// openBatcher opens a store on the Redis at url, closed when t ends, and a Batcher on it.
-func openBatcher(t *testing.T, url string, cluster bool) (*redisstore.Store, *redisstore.Batcher) {
+// openBatching opens a batching store on the Redis at url, closed when t ends.
+func openBatching(t *testing.T, url string, cluster bool) *redisstore.Store {
 	t.Helper()
-	store, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster})
+	store, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster, BatchWait: redisstore.DefaultBatchWait})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return store, b
+	return store
 }

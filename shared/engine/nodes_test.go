@@ -54,7 +54,7 @@ func TestClusterMasterKilled(t *testing.T) {
 			}
 			// Commands get the decision's 2s too (not the default 100ms): on a loaded
 			// machine a healthy node may be slow, and slow is not what this test is about.
-			store, err := redisstore.Open(redisstore.Config{URL: cl.URL(), Cluster: true, Timeout: 2 * time.Second})
+			store, err := redisstore.Open(redisstore.Config{URL: cl.URL(), Cluster: true, Timeout: 2 * time.Second, BatchWait: redisstore.DefaultBatchWait})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -63,11 +63,7 @@ func TestClusterMasterKilled(t *testing.T) {
 			if err := store.Preload(ctx); err != nil {
 				t.Fatal(err)
 			}
-			b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			eng, err := engine.New(engine.Config{Policy: nodePolicy(t, mode), Store: b})
+			eng, err := engine.New(engine.Config{Policy: nodePolicy(t, mode), Store: store})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -203,15 +199,11 @@ func TestShortOutageCostsAboutItsLength(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := redistest.StartServer(t)
-			store, err := redisstore.Open(redisstore.Config{URL: srv.URL()})
+			store, err := redisstore.Open(redisstore.Config{URL: srv.URL(), BatchWait: redisstore.DefaultBatchWait})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer store.Close()
-			b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{})
-			if err != nil {
-				t.Fatal(err)
-			}
 			p, err := policy.Parse([]byte(`
 domain: test
 failure: {mode: closed, timeout: 250ms, breaker: {failures: 5, open_for: 5s}}
@@ -221,7 +213,7 @@ rules:
 			if err != nil {
 				t.Fatal(err)
 			}
-			eng, err := engine.New(engine.Config{Policy: p, Store: b})
+			eng, err := engine.New(engine.Config{Policy: p, Store: store})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -18,7 +18,7 @@ import (
 
 // TestReplicasPrice measures what the replicas option costs: the same closed-loop
 // load on a Sentinel group (a master and its replica), through one store and
-// Batcher, decided by an engine whose limit asks for none and by one whose limit
+// batching store, decided by an engine whose limit asks for none and by one whose limit
 // asks for one replica (durableReplicas), in alternating phases. It logs decisions/s
 // and the p50 and p99 latency of each (the README's failover section quotes them)
 // and asserts only correctness: every decision admitted, one WAIT on the master per
@@ -26,7 +26,7 @@ import (
 // admission.
 func TestReplicasPrice(t *testing.T) {
 	s := redistest.StartSentinel(t)
-	store, b := openBatcher(t, s.URL(), false)
+	store := openBatching(t, s.URL(), false)
 	const keys, workers, rounds = 30, 32, 3
 	phase := 1500 * time.Millisecond
 	modes := []string{"", durableReplicas}
@@ -39,7 +39,7 @@ func TestReplicasPrice(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if engines[m], err = engine.New(engine.Config{Policy: p, Store: b, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}); err != nil {
+		if engines[m], err = engine.New(engine.Config{Policy: p, Store: store, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}); err != nil {
 			t.Fatal(err)
 		}
 		for i := range keys {

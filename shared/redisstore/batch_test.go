@@ -35,16 +35,20 @@ func openStore(t testing.TB, url string, cluster bool) *redisstore.Store {
 	return s
 }
 
-func newBatcher(t testing.TB, s *redisstore.Store, cfg redisstore.BatchConfig) *redisstore.Batcher {
+// batched returns a store with o on the client of s; closing s closes it.
+func batched(t testing.TB, s *redisstore.Store, o redisstore.Options) *redisstore.Store {
 	t.Helper()
-	b, err := redisstore.NewBatcher(s, cfg)
+	b, err := redisstore.NewWithOptions(s.Client(), o)
 	if err != nil {
-		t.Fatalf("NewBatcher(%+v) = %v", cfg, err)
+		t.Fatalf("NewWithOptions(%+v) = %v", o, err)
 	}
 	return b
 }
 
-// decider is what Store and Batcher have in common.
+// batchOn is batching with the defaults.
+var batchOn = redisstore.Options{BatchWait: redisstore.DefaultBatchWait}
+
+// decider is what a store, batching or not, and the Go model have in common.
 type decider interface {
 	Decide(ctx context.Context, c algo.Check) (algo.Outcome, error)
 }
@@ -95,7 +99,7 @@ func TestBatcherAdmitsExactlyTheLimit(t *testing.T) {
 		d    decider
 	}{
 		{"store", s},
-		{"batcher", newBatcher(t, s, redisstore.BatchConfig{})},
+		{"batcher", batched(t, s, batchOn)},
 	} {
 		c := algo.Check{Keys: []string{"test:{exact64-" + mode.name + "}"}, Meters: []algo.Meter{gcra}, Cost: 1}
 		if got := hammer(t, mode.d, 64, 200, c); got != 500 {
@@ -114,9 +118,9 @@ func TestBatcherAdmitsExactlyTheLimit(t *testing.T) {
 				name string
 				d    decider
 			}{
-				{"batcher", newBatcher(t, s, redisstore.BatchConfig{})},
-				{"batcher-small", newBatcher(t, s, redisstore.BatchConfig{MaxBatch: 4, MaxWait: time.Microsecond})},
-				{"unbatched", newBatcher(t, s, redisstore.BatchConfig{MaxBatch: 1})},
+				{"batcher", batched(t, s, batchOn)},
+				{"batcher-small", batched(t, s, redisstore.Options{BatchWait: time.Microsecond, MaxBatch: 4})},
+				{"unbatched", batched(t, s, redisstore.Options{})},
 			} {
 				key := fmt.Sprintf("test:{exact-%s-%s}", a, mode.name)
 				c := algo.Check{Keys: []string{key}, Meters: []algo.Meter{m}, Cost: 1}
@@ -131,7 +135,7 @@ func TestBatcherAdmitsExactlyTheLimit(t *testing.T) {
 func TestBatcherAllOrNothing(t *testing.T) {
 	srv := redistest.StartServer(t)
 	s := openStore(t, srv.URL(), false)
-	b := newBatcher(t, s, redisstore.BatchConfig{})
+	b := batched(t, s, batchOn)
 	tight := algo.Meter{Limits: []algo.Limit{dayLimit(algo.FixedWindow, 300)}}
 	loose := algo.Meter{Limits: []algo.Limit{dayLimit(algo.GCRA, 500)}}
 	c := algo.Check{Keys: []string{"test:{aon}tight", "test:{aon}loose"}, Meters: []algo.Meter{tight, loose}, Cost: 1}
@@ -151,7 +155,7 @@ func TestBatcherAllOrNothing(t *testing.T) {
 func TestBatcherErrorsStayWithTheirRequest(t *testing.T) {
 	srv := redistest.StartServer(t)
 	s := openStore(t, srv.URL(), false)
-	b := newBatcher(t, s, redisstore.BatchConfig{MaxWait: time.Millisecond})
+	b := batched(t, s, redisstore.Options{BatchWait: time.Millisecond})
 	ctx := context.Background()
 	// A key of the wrong type makes the script fail for that request only.
 	if err := s.Client().RPush(ctx, "test:{bad}list", "x").Err(); err != nil {
@@ -195,7 +199,7 @@ func TestReloadKeepsTheScriptError(t *testing.T) {
 	for _, mode := range []struct {
 		name string
 		d    decider
-	}{{"store", s}, {"batcher", newBatcher(t, s, redisstore.BatchConfig{})}} {
+	}{{"store", s}, {"batcher", batched(t, s, batchOn)}} {
 		t.Run(mode.name, func(t *testing.T) {
 			key := "test:{wrongtype}" + mode.name
 			srv.Do(t, "RPUSH", key, "x")
@@ -211,7 +215,7 @@ func TestReloadKeepsTheScriptError(t *testing.T) {
 func TestBatcherReloadsFlushedScript(t *testing.T) {
 	srv := redistest.StartServer(t)
 	s := openStore(t, srv.URL(), false)
-	b := newBatcher(t, s, redisstore.BatchConfig{})
+	b := batched(t, s, batchOn)
 	srv.Do(t, "SCRIPT", "FLUSH")
 	m := algo.Meter{Limits: []algo.Limit{dayLimit(algo.FixedWindow, 100)}}
 	if got := hammer(t, b, 16, 20, algo.Check{Keys: []string{"test:{noscript}"}, Meters: []algo.Meter{m}, Cost: 1}); got != 100 {
@@ -227,7 +231,7 @@ func TestBatcherReloadsFlushedScript(t *testing.T) {
 func TestBatcherRespectsDeadline(t *testing.T) {
 	srv := redistest.StartServer(t)
 	s := openStore(t, srv.URL(), false)
-	b := newBatcher(t, s, redisstore.BatchConfig{})
+	b := batched(t, s, batchOn)
 	m := algo.Meter{Limits: []algo.Limit{dayLimit(algo.GCRA, 1000)}}
 	// Redis stops answering for a while: every request must give up at its deadline.
 	srv.Do(t, "CLIENT", "PAUSE", "1500", "ALL")
@@ -257,7 +261,7 @@ func TestBatcherCluster(t *testing.T) {
 	if !s.IsCluster() {
 		t.Fatalf("Open(%q).IsCluster() = false, want true", cl.URL())
 	}
-	b := newBatcher(t, s, redisstore.BatchConfig{})
+	b := batched(t, s, batchOn)
 	m := algo.Meter{Limits: []algo.Limit{dayLimit(algo.FixedWindow, 50)}}
 	// Clients spread over every node: each admits exactly its limit.
 	var wg sync.WaitGroup
@@ -284,8 +288,8 @@ func TestBatcherCluster(t *testing.T) {
 			t.Errorf("client %d admitted %d, want 50", i, got)
 		}
 	}
-	// Keys in two slots bypass the batcher (in one script they would fail with
-	// CROSSSLOT) and take Store.Decide, slot by slot, refunds included: the loose
+	// Keys in two slots do not join a batch (in one script they would fail with
+	// CROSSSLOT): they are decided slot by slot, refunds included: the loose
 	// limit is charged only for the requests the tight one admitted.
 	tight := algo.Meter{Limits: []algo.Limit{dayLimit(algo.FixedWindow, 10)}}
 	c := algo.Check{Keys: []string{"test:{slot-a}", "test:{slot-b}"}, Meters: []algo.Meter{m, tight}, Cost: 1}
@@ -304,22 +308,22 @@ func TestBatcherCluster(t *testing.T) {
 	}
 }
 
-func TestNewBatcherRejectsBadInput(t *testing.T) {
+func TestNewWithOptionsRejectsBadInput(t *testing.T) {
 	t.Parallel()
-	if _, err := redisstore.NewBatcher(nil, redisstore.BatchConfig{}); err == nil {
-		t.Errorf("NewBatcher(nil) = nil error, want one")
+	if _, err := redisstore.NewWithOptions(nil, batchOn); err == nil {
+		t.Errorf("NewWithOptions(nil) = nil error, want one")
 	}
 	s, err := redisstore.Open(redisstore.Config{URL: "redis://127.0.0.1:1"})
 	if err != nil {
 		t.Fatalf("Open() = %v", err)
 	}
 	defer s.Close()
-	if _, err := redisstore.NewBatcher(s, redisstore.BatchConfig{MaxBatch: -1}); err == nil {
-		t.Errorf("NewBatcher(MaxBatch -1) = nil error, want one")
+	if _, err := redisstore.NewWithOptions(s.Client(), redisstore.Options{BatchWait: redisstore.DefaultBatchWait, MaxBatch: -1}); err == nil {
+		t.Errorf("NewWithOptions(MaxBatch -1) = nil error, want one")
 	}
-	b, err := redisstore.NewBatcher(s, redisstore.BatchConfig{})
+	b, err := redisstore.NewWithOptions(s.Client(), batchOn)
 	if err != nil {
-		t.Fatalf("NewBatcher() = %v", err)
+		t.Fatalf("NewWithOptions() = %v", err)
 	}
 	// Unreachable Redis: the error comes back to the caller.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -336,7 +340,7 @@ func TestNewBatcherRejectsBadInput(t *testing.T) {
 func TestBatcherManyMatchesModel(t *testing.T) {
 	srv := redistest.StartServer(t)
 	s := openStore(t, srv.URL(), false)
-	b := newBatcher(t, s, redisstore.BatchConfig{MaxWait: 200 * time.Microsecond})
+	b := batched(t, s, redisstore.Options{BatchWait: 200 * time.Microsecond})
 	ctx := context.Background()
 	srv.Do(t, "CONFIG", "RESETSTAT")
 	base := time.Now().UnixMicro()
@@ -400,7 +404,7 @@ func TestBatcherManyMatchesModel(t *testing.T) {
 func TestBatcherServerClockTTL(t *testing.T) {
 	srv := redistest.StartServer(t)
 	s := openStore(t, srv.URL(), false)
-	b := newBatcher(t, s, redisstore.BatchConfig{MaxWait: 500 * time.Microsecond})
+	b := batched(t, s, redisstore.Options{BatchWait: 500 * time.Microsecond})
 	srv.Do(t, "CONFIG", "RESETSTAT")
 	m := algo.Meter{Limits: []algo.Limit{{Algorithm: algo.GCRA, Count: 1, Period: time.Minute}}}
 	const n = 48

@@ -36,9 +36,9 @@ func benchKeys(prefix string) []string {
 }
 
 // BenchmarkDecide measures one decision per algorithm, serially: the latency of a
-// lone request through Store.Decide, through a Batcher with batching off (the
-// precomputed arguments only) and through a Batcher with batching on (a lone request
-// must not wait for MaxWait).
+// lone request through a store that sends every request on its own, through one
+// whose batching MaxBatch 1 turns off, and through one that batches (a lone request
+// must not wait for BatchWait).
 func BenchmarkDecide(b *testing.B) {
 	srv := redistest.StartServer(b)
 	s := openStore(b, srv.URL(), false)
@@ -51,8 +51,8 @@ func BenchmarkDecide(b *testing.B) {
 			d    decider
 		}{
 			{"store", s},
-			{"unbatched", newBatcher(b, s, redisstore.BatchConfig{MaxBatch: 1})},
-			{"batcher", newBatcher(b, s, redisstore.BatchConfig{})},
+			{"unbatched", batched(b, s, redisstore.Options{BatchWait: redisstore.DefaultBatchWait, MaxBatch: 1})},
+			{"batcher", batched(b, s, batchOn)},
 		} {
 			b.Run(string(a)+"/"+mode.name, func(b *testing.B) {
 				b.ReportAllocs()
@@ -82,8 +82,8 @@ func BenchmarkDecideParallel(b *testing.B) {
 			d    decider
 		}{
 			{"store", s},
-			{"unbatched", newBatcher(b, s, redisstore.BatchConfig{MaxBatch: 1})},
-			{"batcher", newBatcher(b, s, redisstore.BatchConfig{})},
+			{"unbatched", batched(b, s, redisstore.Options{BatchWait: redisstore.DefaultBatchWait, MaxBatch: 1})},
+			{"batcher", batched(b, s, batchOn)},
 		} {
 			b.Run(string(a)+"/"+mode.name, func(b *testing.B) {
 				var next atomic.Int64

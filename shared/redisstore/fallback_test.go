@@ -28,7 +28,7 @@ func TestScriptsWithoutFunctions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := newBatcher(t, store, redisstore.BatchConfig{})
+	b := batched(t, store, batchOn)
 	ctx := context.Background()
 	now := int64(1_750_000_000_000_000)
 	for _, a := range algo.Algorithms {

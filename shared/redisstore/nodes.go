@@ -52,36 +52,6 @@ func (s *Store) nodeOf(ctx context.Context, key string) (string, error) {
 	return c.Options().Addr, nil
 }
 
-// allow lets a call to node through its breaker, or returns an error wrapping
-// breaker.ErrOpen (and asks for a topology reload: the node may have been replaced).
-func (s *Store) allow(node string) (breaker.Permit, error) {
-	p, err := s.breakers.Load().Get(node).Allow()
-	if err != nil {
-		s.reload()
-		return p, fmt.Errorf("node %s: %w", node, err)
-	}
-	return p, nil
-}
-
-// allowKey lets a call for key through the breaker of its node.
-func (s *Store) allowKey(ctx context.Context, key string) (breaker.Permit, error) {
-	node, err := s.nodeOf(ctx, key)
-	if err != nil {
-		return breaker.Permit{}, err
-	}
-	return s.allow(node)
-}
-
-// done reports the result of a call let through with p, and asks for a topology
-// reload when it failed or was redirected.
-func (s *Store) done(p breaker.Permit, err error) {
-	r := result(err)
-	p.Done(r)
-	if _, moved := redis.IsMovedError(err); moved || r == breaker.Failure {
-		s.reload()
-	}
-}
-
 // sickReplies are the prefixes of the error replies of a node that cannot decide now
 // (still loading, busy with a script, a replica since a failover, a cluster without
 // the slot, out of memory).
@@ -118,53 +88,95 @@ func (s *Store) reload() {
 	}
 }
 
-// nodePermits are the permits of the nodes one request touches.
-type nodePermits struct {
-	nodes []string
-	ps    []breaker.Permit
-	errs  []error
-	ran   []bool
+// A pass holds the breaker permits of the nodes one call goes to. Every path to Redis
+// takes and completes its permits through one, the same way: s.enter takes the
+// permit of every node or of none, the call notes each node's result with record,
+// and s.leave hands every permit its node's result. The paths are a decision (alone,
+// in a batch, or slot by slot with its refunds), a lease's refund, and a health check.
+type pass struct {
+	n     int    // nodes let through
+	first gate   // the first node's: a call to one node allocates nothing
+	more  []gate // the others'
 }
 
-// allowAll lets a call to every node of nodes through its breaker, or none: on a
-// refusal the permits already taken are handed back unused.
-func (s *Store) allowAll(nodes []string) (*nodePermits, error) {
-	np := &nodePermits{}
+// A gate is one node's permit in a pass, and what the call found there.
+type gate struct {
+	node   string
+	permit breaker.Permit
+	err    error // the first error of a call to node
+	called bool
+}
+
+// at returns the gate of the i-th node let through.
+func (ps *pass) at(i int) *gate {
+	if i == 0 {
+		return &ps.first
+	}
+	return &ps.more[i-1]
+}
+
+// find returns the gate of node, or nil.
+func (ps *pass) find(node string) *gate {
+	for i := range ps.n {
+		if g := ps.at(i); g.node == node {
+			return g
+		}
+	}
+	return nil
+}
+
+// enter lets a call to every node of nodes through its breaker, or none: on a
+// refusal it hands back the permits already taken, unused, and returns an error
+// wrapping breaker.ErrOpen (and asks for a topology reload: the node may have been
+// replaced).
+func (s *Store) enter(ps *pass, nodes ...string) error {
+	set := s.breakers.Load()
 	for _, n := range nodes {
-		if slices.Contains(np.nodes, n) {
+		if ps.find(n) != nil {
 			continue
 		}
-		p, err := s.allow(n)
+		p, err := set.Get(n).Allow()
 		if err != nil {
-			np.finish(s)
-			return nil, err
+			s.reload()
+			s.leave(ps)
+			return fmt.Errorf("node %s: %w", n, err)
 		}
-		np.nodes = append(np.nodes, n)
-		np.ps = append(np.ps, p)
-		np.errs = append(np.errs, nil)
-		np.ran = append(np.ran, false)
+		g := gate{node: n, permit: p}
+		if ps.n == 0 {
+			ps.first = g
+		} else {
+			ps.more = append(ps.more, g)
+		}
+		ps.n++
 	}
-	return np, nil
+	return nil
 }
 
-// record notes the result of a call to node.
-func (np *nodePermits) record(node string, err error) {
-	i := slices.Index(np.nodes, node)
-	np.ran[i] = true
-	if np.errs[i] == nil {
-		np.errs[i] = err
+// record notes the result of a call to node, which ps let through.
+func (ps *pass) record(node string, err error) {
+	g := ps.find(node)
+	g.called = true
+	if g.err == nil {
+		g.err = err
 	}
 }
 
-// finish reports every node's result; a node not called reports nothing.
-func (np *nodePermits) finish(s *Store) {
-	for i, p := range np.ps {
-		if !np.ran[i] {
-			p.Done(breaker.Ignore)
+// leave reports every node's result to its breaker, and asks for a topology reload
+// when a call failed or was redirected; a node not called reports nothing.
+func (s *Store) leave(ps *pass) {
+	for i := range ps.n {
+		g := ps.at(i)
+		if !g.called {
+			g.permit.Done(breaker.Ignore)
 			continue
 		}
-		s.done(p, np.errs[i])
+		r := result(g.err)
+		g.permit.Done(r)
+		if _, moved := redis.IsMovedError(g.err); moved || r == breaker.Failure {
+			s.reload()
+		}
 	}
+	ps.n, ps.more = 0, nil
 }
 
 // Health checks every node through its breaker and returns each node's state: the
@@ -200,10 +212,12 @@ func (s *Store) Health(ctx context.Context) []breaker.Status {
 
 // checkNode checks one node through its breaker.
 func (s *Store) checkNode(ctx context.Context, node string, c redis.Cmdable) breaker.Status {
-	p, err := s.allow(node)
+	var ps pass
+	err := s.enter(&ps, node)
 	if err == nil {
 		err = s.ping(ctx, c)
-		s.done(p, err)
+		ps.record(node, err)
+		s.leave(&ps)
 	}
 	return breaker.Status{Node: node, State: s.breakers.Load().Get(node).State(), Err: err}
 }

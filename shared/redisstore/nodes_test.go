@@ -34,10 +34,10 @@ func TestDeadMasterFailsOnlyItsKeys(t *testing.T) {
 	}
 	// One failure opens a breaker, which then stays open for the whole test.
 	s.UseBreakers(breaker.Settings{Failures: 1, FirstProbe: time.Hour, OpenFor: time.Hour})
-	b, err := redisstore.NewBatcher(s, redisstore.BatchConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// b batches, on the same client, with breakers of its own that take the same
+	// settings.
+	b := batched(t, s, batchOn)
+	b.UseBreakers(breaker.Settings{Failures: 1, FirstProbe: time.Hour, OpenFor: time.Hour})
 	victim := cl.Nodes()[0]
 	cc := cl.Client(t)
 	keyOn := func(wantVictim bool) string {
@@ -65,8 +65,10 @@ func TestDeadMasterFailsOnlyItsKeys(t *testing.T) {
 	}
 
 	victim.Kill()
-	if _, err := s.Decide(ctx, one(dead)); err == nil || errors.Is(err, breaker.ErrOpen) {
-		t.Fatalf("Decide(key on the dead master) = %v, want the connection's error", err)
+	for _, d := range []*redisstore.Store{s, b} {
+		if _, err := d.Decide(ctx, one(dead)); err == nil || errors.Is(err, breaker.ErrOpen) {
+			t.Fatalf("Decide(key on the dead master) = %v, want the connection's error", err)
+		}
 	}
 	tests := []struct {
 		name    string

@@ -14,8 +14,8 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
-// Config configures the Redis client of a store. The zero value of every field but URL
-// takes the documented default.
+// Config configures a store and its Redis client. The zero value of every field but
+// URL takes the documented default.
 type Config struct {
 	// URL is redis://[user:password@]host:port[/db] or rediss:// for TLS. Add more
 	// nodes with ?addr=host:port (repeatable); cluster=true selects Redis Cluster;
@@ -37,6 +37,10 @@ type Config struct {
 	CredentialsProvider func() (username, password string)
 	// TLSConfig overrides the TLS settings of a rediss:// URL.
 	TLSConfig *tls.Config
+	// BatchWait and MaxBatch are the store's batching (Options): 0 and 0, the
+	// default, send every request on its own.
+	BatchWait time.Duration
+	MaxBatch  int
 }
 
 // Options turns the configuration into go-redis universal options: retries off (a
@@ -140,8 +144,9 @@ func Open(c Config) (*Store, error) {
 	default:
 		client = redis.NewClient(o.Simple())
 	}
-	s, err := New(client)
+	s, err := NewWithOptions(client, Options{BatchWait: c.BatchWait, MaxBatch: c.MaxBatch})
 	if err != nil {
+		_ = client.Close()
 		return nil, err
 	}
 	if o.MasterName != "" {

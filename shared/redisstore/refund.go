@@ -17,7 +17,8 @@ import (
 // takes the units off the window they were charged in (fixed_window,
 // sliding_window) or gives back what the refill since the charge has not made up
 // for (token_bucket, gcra), and never loses another request's charge. The refund's
-// own time is c.NowMicros, or the server's clock when it is 0.
+// own time is c.NowMicros, or the server's clock when it is 0. Each call goes to its
+// node through the node's circuit breaker, as a decision does.
 func (s *Store) Refund(ctx context.Context, c algo.Check, chargedMicros int64) error {
 	if len(c.Keys) != len(c.Meters) {
 		return fmt.Errorf("redisstore: refund: %d keys for %d meters", len(c.Keys), len(c.Meters))
@@ -26,7 +27,23 @@ func (s *Store) Refund(ctx context.Context, c algo.Check, chargedMicros int64) e
 	var errs []error
 	for i := range c.Keys {
 		sub := algo.Check{Keys: c.Keys[i : i+1], Meters: c.Meters[i : i+1], Cost: c.Cost}
-		errs = append(errs, s.refund(ctx, sub, []algo.Undo{{}}, chargedMicros, c.NowMicros))
+		errs = append(errs, s.refundMeter(ctx, sub, chargedMicros, c.NowMicros))
 	}
 	return errors.Join(errs...)
+}
+
+// refundMeter refunds the one meter of c through the breaker of its node.
+func (s *Store) refundMeter(ctx context.Context, c algo.Check, charged, now int64) error {
+	node, err := s.nodeOf(ctx, c.Keys[0])
+	if err != nil {
+		return fmt.Errorf("redisstore: refund %q: %w", c.Keys[0], err)
+	}
+	var ps pass
+	if err := s.enter(&ps, node); err != nil {
+		return fmt.Errorf("redisstore: refund %q: %w", c.Keys[0], err)
+	}
+	err = s.refund(ctx, c, []algo.Undo{{}}, charged, now)
+	ps.record(node, err)
+	s.leave(&ps)
+	return err
 }

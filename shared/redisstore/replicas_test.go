@@ -23,8 +23,8 @@ func durable(m algo.Meter, count int, timeout time.Duration) algo.Meter {
 	return m
 }
 
-// TestDecideWaitsForReplicas decides on a master with one replica, through a
-// Batcher: a meter that asks for replicas is followed by one WAIT on the master, a
+// TestDecideWaitsForReplicas decides on a master with one replica, on a batching
+// store: a meter that asks for replicas is followed by one WAIT on the master, a
 // meter that does not by none; asking for more replicas than there are leaves the
 // decision as the master made it and counts the shortfall, for admissions only.
 func TestDecideWaitsForReplicas(t *testing.T) {
@@ -34,11 +34,7 @@ func TestDecideWaitsForReplicas(t *testing.T) {
 	redistest.StartServer(t, redistest.WithArgs("--replicaof", "127.0.0.1", port))
 	mc := master.Client(t)
 	waitLinked(t, mc)
-	store := loadedStore(t, mc)
-	b, err := redisstore.NewBatcher(store, redisstore.BatchConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := batched(t, loadedStore(t, mc), batchOn)
 	ctx := context.Background()
 	one := meterOf(algo.FixedWindow, 2, time.Hour)
 	tests := []struct {
@@ -63,7 +59,7 @@ func TestDecideWaitsForReplicas(t *testing.T) {
 			keys = []string{"{r3}m0"} // the same key as the step before, which is full
 		}
 		before := master.CommandCalls(t, "wait")
-		out, err := b.Decide(ctx, algo.Check{Keys: keys, Meters: tt.meters, Cost: 1})
+		out, err := store.Decide(ctx, algo.Check{Keys: keys, Meters: tt.meters, Cost: 1})
 		if err != nil {
 			t.Fatalf("%s: Decide() = %v", tt.name, err)
 		}
@@ -78,7 +74,7 @@ func TestDecideWaitsForReplicas(t *testing.T) {
 		}
 	}
 
-	// Concurrent requests, which the Batcher would send together, each still get
+	// Concurrent requests, which a batching store would send together, each still get
 	// their own WAIT: they bypass the batch.
 	const workers, each = 16, 50
 	before := master.CommandCalls(t, "wait")
@@ -88,7 +84,7 @@ func TestDecideWaitsForReplicas(t *testing.T) {
 	for w := range workers {
 		wg.Go(func() {
 			for range each {
-				out, err := b.Decide(ctx, algo.Check{Keys: []string{"{c}" + strconv.Itoa(w)}, Meters: []algo.Meter{m}, Cost: 1})
+				out, err := store.Decide(ctx, algo.Check{Keys: []string{"{c}" + strconv.Itoa(w)}, Meters: []algo.Meter{m}, Cost: 1})
 				if err != nil || !out.Allowed {
 					errs <- fmt.Errorf("Decide() = %+v, %w; want allowed", out, err)
 					return
@@ -102,7 +98,7 @@ func TestDecideWaitsForReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := master.CommandCalls(t, "wait") - before; got != workers*each {
-		t.Errorf("%d concurrent decisions through the Batcher: the master ran %d WAITs, want %d", workers*each, got, workers*each)
+		t.Errorf("%d concurrent decisions through a batching store: the master ran %d WAITs, want %d", workers*each, got, workers*each)
 	}
 }
 

@@ -71,24 +71,39 @@ func (sc *scriptCall) value() (any, error) {
 	return cmd.Result()
 }
 
-// reply decodes the reply of a decide call for meters.
-func (sc *scriptCall) reply(meters []algo.Meter) (algo.Reply, error) {
-	if !sc.ints {
-		v, err := sc.value()
-		if err != nil {
-			return algo.Reply{}, err
-		}
-		return algo.ParseDecideReply(v, meters)
+// answer is what the decide call sc for c answered (see decoded).
+func (sc *scriptCall) answer(c algo.Check) (algo.Reply, error) {
+	if cmd, ok := sc.cmd.(*redis.IntSliceCmd); ok {
+		ints, err := cmd.Result()
+		return decoded(c, ints, nil, err)
 	}
-	cmd, ok := sc.cmd.(*redis.IntSliceCmd)
-	if !ok {
-		return algo.Reply{}, fmt.Errorf("redisstore: decide reply read as %T, want *redis.IntSliceCmd", sc.cmd)
-	}
-	vals, err := cmd.Result()
+	v, err := sc.value()
+	return decoded(c, nil, v, err)
+}
+
+// decoded is the answer of a decide call for c: the call's error err, or else its
+// reply, which is ints when the call was read as integers (a decision without undo
+// data) and v otherwise (with undo data, or one request's element of the many
+// entry's reply). Every decision, alone, in a batch or slot by slot, is read here.
+func decoded(c algo.Check, ints []int64, v any, err error) (algo.Reply, error) {
 	if err != nil {
-		return algo.Reply{}, err
+		return algo.Reply{}, runError(c, err)
 	}
-	return algo.ParseDecideInts(vals, meters)
+	var rep algo.Reply
+	if ints != nil {
+		rep, err = algo.ParseDecideInts(ints, c.Meters)
+	} else {
+		rep, err = algo.ParseDecideReply(v, c.Meters)
+	}
+	if err != nil {
+		return algo.Reply{}, fmt.Errorf("redisstore: decide %q: reply: %w", c.Keys[0], err)
+	}
+	return rep, nil
+}
+
+// runError is the error of a decide call for c that did not answer.
+func runError(c algo.Check, err error) error {
+	return fmt.Errorf("redisstore: decide %q: %w", c.Keys[0], err)
 }
 
 // exec sends calls, one command or one pipeline, and sends again once those a node

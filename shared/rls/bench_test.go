@@ -33,16 +33,12 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	st, err := redisstore.Open(redisstore.Config{URL: "redis://" + redistest.StartServer(b).Addr})
+	st, err := redisstore.Open(redisstore.Config{URL: "redis://" + redistest.StartServer(b).Addr, BatchWait: redisstore.DefaultBatchWait})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	bt, err := redisstore.NewBatcher(st, redisstore.BatchConfig{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	eng, err := engine.New(engine.Config{Policy: p, Store: bt})
+	eng, err := engine.New(engine.Config{Policy: p, Store: st})
 	if err != nil {
 		b.Fatal(err)
 	}
