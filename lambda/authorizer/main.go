@@ -120,7 +120,6 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 	}))
 }
 
-
 // stdlogWriter turns the standard logger's lines into JSON log lines at WARN.
 type stdlogWriter struct{ log *slog.Logger }
 
