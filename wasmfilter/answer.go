@@ -18,7 +18,7 @@ type answerBody struct {
 }
 
 // The reader of the body is chosen at build time: answer_jsonv.go (the default,
-// shared/jsonv) or answer_encjson.go (-tags encjson, encoding/json), so that
+// internal/jsonv) or answer_encjson.go (-tags encjson, encoding/json), so that
 // BenchmarkJSONReader can weigh one against the other in the compiled module.
 
 // parseAnswer reads the body of the decision service's answer. A body that is not

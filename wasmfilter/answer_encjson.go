@@ -4,7 +4,7 @@ package main
 
 // This reader exists to be measured, not shipped: BenchmarkVMStart, BenchmarkRequest
 // and BenchmarkJSONReader build the filter with -tags encjson beside the default
-// (shared/jsonv) and weigh the two. It is as lenient as encoding/json (a key set
+// (internal/jsonv) and weigh the two. It is as lenient as encoding/json (a key set
 // twice takes the last value, invalid UTF-8 becomes U+FFFD), and TestDependencies
 // checks the default build only.
 

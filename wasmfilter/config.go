@@ -9,7 +9,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/bounds"
-	"github.com/tollgate-dev/tollgate/shared/jsonv"
+	"github.com/tollgate-dev/tollgate/wasmfilter/internal/jsonv"
 )
 
 // Defaults and bounds of the plugin configuration.

@@ -11,7 +11,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/bounds"
-	"github.com/tollgate-dev/tollgate/shared/jsonv"
+	"github.com/tollgate-dev/tollgate/wasmfilter/internal/jsonv"
 )
 
 // maxCalloutBody bounds the decision service's answer: a longer body is not read at
