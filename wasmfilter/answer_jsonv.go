@@ -25,11 +25,12 @@ func parseAnswerErr(body []byte) (answerBody, error) {
 		return answerBody{}, err
 	}
 	var a answerBody
-	a.rule, a.hasRule = member(v, "rule").Str()
-	a.reason, a.hasReason = member(v, "reason").Str()
+	a.rule, _ = member(v, "rule").Str()
+	a.reason, _ = member(v, "reason").Str()
 	a.message, a.hasMessage = member(v, "error").Str()
-	a.delayMs, _ = member(v, "delay_ms").Num()
-	a.retryAfterMs, _ = member(v, "retry_after_ms").Num()
+	delay, _ := member(v, "delay_ms").Num()
+	retry, _ := member(v, "retry_after_ms").Num()
+	a.delay, a.retry = answerMillis(delay), answerMillis(retry)
 	return a, nil
 }
 
