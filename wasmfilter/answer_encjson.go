@@ -4,7 +4,7 @@ package main
 
 // This reader exists to be measured, not shipped: BenchmarkVMStart, BenchmarkRequest
 // and BenchmarkJSONReader build the filter with -tags encjson beside the default
-// (shared/jsonv) and weigh the two. It is as lenient as encoding/json (a key set
+// (internal/jsonv) and weigh the two. It is as lenient as encoding/json (a key set
 // twice takes the last value, invalid UTF-8 becomes U+FFFD), and TestDependencies
 // checks the default build only.
 
@@ -38,15 +38,15 @@ func parseAnswerErr(body []byte) (answerBody, error) {
 	}
 	var a answerBody
 	if aj.Rule != nil {
-		a.rule, a.hasRule = *aj.Rule, true
+		a.rule = *aj.Rule
 	}
 	if aj.Reason != nil {
-		a.reason, a.hasReason = *aj.Reason, true
+		a.reason = *aj.Reason
 	}
 	if aj.Error != nil {
 		a.message, a.hasMessage = *aj.Error, true
 	}
-	a.delayMs, a.retryAfterMs = aj.DelayMs.String(), aj.RetryAfterMs.String()
+	a.delay, a.retry = answerMillis(aj.DelayMs.String()), answerMillis(aj.RetryAfterMs.String())
 	return a, nil
 }
 

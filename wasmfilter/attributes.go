@@ -5,7 +5,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/tollgate-dev/tollgate/shared/jsonv"
+	"github.com/tollgate-dev/tollgate/wasmfilter/internal/jsonv"
 )
 
 // A value is one attribute of a request: its name and value.

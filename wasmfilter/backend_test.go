@@ -13,7 +13,7 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/tetratelabs/wazero"
 
-	"github.com/tollgate-dev/tollgate/wasmfilter/wasmhost"
+	"github.com/tollgate-dev/tollgate/wasmfilter/internal/wasmhost"
 )
 
 // filterHost is what the filter's tests drive. The SDK's host emulator, which runs

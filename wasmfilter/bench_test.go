@@ -11,7 +11,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 
-	"github.com/tollgate-dev/tollgate/wasmfilter/wasmhost"
+	"github.com/tollgate-dev/tollgate/wasmfilter/internal/wasmhost"
 )
 
 // The cost of the compiled filter in wazero: the module's size, what a VM costs to
@@ -21,7 +21,7 @@ import (
 //
 //	go test -run '^$' -bench . -benchtime 100x ./wasmfilter/
 //
-// Each runs the module built with shared/jsonv (the filter as shipped) and the one
+// Each runs the module built with internal/jsonv (the filter as shipped) and the one
 // built with -tags encjson, which reads the callout answers with encoding/json
 // instead, so that the two readers are weighed in one run.
 
@@ -321,7 +321,7 @@ func BenchmarkRequest(b *testing.B) {
 	}
 }
 
-// BenchmarkJSONReader weighs encoding/json against shared/jsonv as the reader of the
+// BenchmarkJSONReader weighs encoding/json against internal/jsonv as the reader of the
 // callout answers: each op is one request on a VM of each build, in alternating
 // order, so that load from elsewhere slows both alike. It reports each one's time per
 // request and the ratio encjson/jsonv; allowed answers every request with a parsed

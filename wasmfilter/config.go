@@ -9,7 +9,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/bounds"
-	"github.com/tollgate-dev/tollgate/shared/jsonv"
+	"github.com/tollgate-dev/tollgate/wasmfilter/internal/jsonv"
 )
 
 // Defaults and bounds of the plugin configuration.
@@ -31,7 +31,6 @@ const (
 	maxTick                  = time.Second
 	defaultMaxHeld           = 1000
 	maxMaxHeld               = 100000
-	maxCost                  = 1 << 30
 	// maxConfigBytes bounds the plugin configuration: a real one is a few hundred
 	// bytes (64 attributes and 64 local limits fit in 16 KiB), and a larger one is a
 	// mistake, not something to parse inside every worker's VM.
@@ -182,7 +181,12 @@ func parseConfig(data []byte) (*config, error) {
 	if c.domain, err = str(root, "domain", "", true); err != nil {
 		return nil, err
 	}
-	if c.cost, err = integer(root, "cost", 1, 0, maxCost); err != nil {
+	// The requests the filter sends are within the decision service's bounds (package
+	// bounds) by construction, checked here once: at most bounds.MaxAttributes
+	// attributes (parseAttributes), named in at most 64 ASCII characters (validName),
+	// values cut or refused at max_attribute_bytes (at most bounds.MaxValueLength) and
+	// JSON-escaped to valid UTF-8, and a cost of at most bounds.MaxCost.
+	if c.cost, err = integer(root, "cost", 1, 0, bounds.MaxCost); err != nil {
 		return nil, err
 	}
 	if c.attributes, err = parseAttributes(root); err != nil {

@@ -188,4 +188,10 @@ func TestBoundsMatchTheService(t *testing.T) {
 	if _, err := parseConfig([]byte(`{"cluster": "c", "domain": "d", "attributes": [` + strings.Join(attrs[:bounds.MaxAttributes], ",") + `]}`)); err != nil {
 		t.Errorf("%d attributes: parseConfig = %v, want accepted", bounds.MaxAttributes, err)
 	}
+	if _, err := parseConfig(fmt.Appendf(nil, `{"cluster": "c", "domain": "d", "cost": %d}`, bounds.MaxCost+1)); err == nil || !strings.Contains(err.Error(), "cost") {
+		t.Errorf("cost %d: parseConfig error %v, want one naming cost", bounds.MaxCost+1, err)
+	}
+	if _, err := parseConfig(fmt.Appendf(nil, `{"cluster": "c", "domain": "d", "cost": %d}`, bounds.MaxCost)); err != nil {
+		t.Errorf("cost %d: parseConfig = %v, want accepted", bounds.MaxCost, err)
+	}
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
-	"github.com/tollgate-dev/tollgate/wasmfilter/wasmhost"
+	"github.com/tollgate-dev/tollgate/wasmfilter/internal/wasmhost"
 )
 
 // FuzzDecodeDenyEntry checks the reader of the deny cache's shared data, which any

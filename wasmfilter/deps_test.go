@@ -68,7 +68,7 @@ func TestModuleABI(t *testing.T) {
 
 // TestDependencies keeps the filter small and wasip1-safe: no Redis client, no
 // networking (the host does the I/O), no gRPC or protobuf, and no encoding/json from
-// any importer: the filter reads JSON with shared/jsonv and writes it by hand.
+// any importer: the filter reads JSON with internal/jsonv and writes it by hand.
 func TestDependencies(t *testing.T) {
 	t.Parallel()
 	out := goTool(t, "list", "-deps", "-f", "{{.ImportPath}}:{{range .Imports}} {{.}}{{end}}", ".")
@@ -92,7 +92,7 @@ func TestDependencies(t *testing.T) {
 			t.Errorf("the filter depends on %s (imported by %s); it must stay small and wasip1-safe", pkg, strings.Join(importers[pkg], ", "))
 		}
 	}
-	for _, want := range []string{"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm", "github.com/tollgate-dev/tollgate/shared/jsonv", "github.com/tollgate-dev/tollgate/shared/memstore"} {
+	for _, want := range []string{"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm", "github.com/tollgate-dev/tollgate/wasmfilter/internal/jsonv", "github.com/tollgate-dev/tollgate/shared/memstore"} {
 		if !slices.Contains(all, want) {
 			t.Errorf("go list -deps does not list %s; is the check looking at the filter?", want)
 		}

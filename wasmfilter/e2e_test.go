@@ -18,7 +18,7 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/policy"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
-	"github.com/tollgate-dev/tollgate/wasmfilter/wasmhost"
+	"github.com/tollgate-dev/tollgate/wasmfilter/internal/wasmhost"
 )
 
 // decisionService runs the real decision service (policy → engine → HTTP handler) on a

@@ -442,8 +442,8 @@ func TestServiceUnavailableVerdict(t *testing.T) {
 				[][2]string{{":status", "503"}, {"Retry-After", "1"}}, unavailableBody, "1", 1000},
 			{"filter local", `"failure_mode": "local", ` + local,
 				[][2]string{{":status", "503"}, {"Retry-After", "1"}}, unavailableBody, "1", 1000},
-			{"service Retry-After", "",
-				[][2]string{{":status", "503"}, {"retry-after", "7"}}, `{"reason":"unavailable"}`, "7", 7000},
+			{"service retry of 7 s", "",
+				[][2]string{{":status", "503"}, {"retry-after", "7"}}, `{"reason":"unavailable","retry_after_ms":7000}`, "7", 7000},
 			{"retry_after_ms without Retry-After", "",
 				[][2]string{{":status", "503"}}, `{"reason":"unavailable","retry_after_ms":2500}`, "3", 2500},
 			{"neither: 1 second", "",
@@ -535,8 +535,12 @@ func TestLocalFallbackLimits(t *testing.T) {
 
 func TestShaping(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
-		shaped := func(delay string) [][2]string {
-			return append(allowHeaders(), [2]string{"X-Tollgate-Delay-Ms", delay})
+		// shaped answers a callout as the service answers a shaped request: the delay
+		// in delay_ms, which the filter reads, and in X-Tollgate-Delay-Ms.
+		shaped := func(t *testing.T, host filterHost, id uint32, delay string) {
+			t.Helper()
+			answer(t, host, id, append(allowHeaders(), [2]string{"X-Tollgate-Delay-Ms", delay}),
+				strings.Replace(allowBody, `"delay_ms":0`, `"delay_ms":`+delay, 1))
 		}
 
 		t.Run("resumes after the delay", func(t *testing.T) {
@@ -545,7 +549,7 @@ func TestShaping(t *testing.T) {
 				t.Fatalf("tick period before any shaping = %d, want 0 (no idle ticks)", p)
 			}
 			id, _ := request(host, "k1", "/upload")
-			answer(t, host, id, shaped("250"), allowBody)
+			shaped(t, host, id, "250")
 			if got := host.GetCurrentHttpStreamAction(id); got != types.ActionPause {
 				t.Fatalf("a shaped request's action = %v, want Pause until its delay passed", got)
 			}
@@ -594,8 +598,8 @@ func TestShaping(t *testing.T) {
 			host, clock := startFilter(t, b, cfg(`"tick_ms": 10`))
 			a, _ := request(host, "k1", "/a")
 			b, _ := request(host, "k1", "/b")
-			answer(t, host, a, shaped("40"), allowBody)
-			answer(t, host, b, shaped("20"), allowBody)
+			shaped(t, host, a, "40")
+			shaped(t, host, b, "20")
 			clock.Advance(25 * time.Millisecond)
 			host.Tick()
 			if host.GetCurrentHttpStreamAction(a) != types.ActionPause || host.GetCurrentHttpStreamAction(b) != types.ActionContinue {
@@ -611,7 +615,7 @@ func TestShaping(t *testing.T) {
 		t.Run("a stream that ends while held is dropped", func(t *testing.T) {
 			host, clock := startFilter(t, b, cfg(`"tick_ms": 10`))
 			id, _ := request(host, "k1", "/upload")
-			answer(t, host, id, shaped("30"), allowBody)
+			shaped(t, host, id, "30")
 			host.CompleteHttpContext(id)
 			clock.Advance(50 * time.Millisecond)
 			host.Tick() // must not resume a deleted stream
@@ -623,7 +627,7 @@ func TestShaping(t *testing.T) {
 		t.Run("too long a delay is a 429", func(t *testing.T) {
 			host, _ := startFilter(t, b, cfg(`"max_delay_ms": 1000`))
 			id, _ := request(host, "k1", "/upload")
-			answer(t, host, id, shaped("2500"), allowBody)
+			shaped(t, host, id, "2500")
 			lr := host.GetSentLocalResponse(id)
 			if lr == nil || lr.StatusCode != 429 || get(lr.Headers, "retry-after") != "3" {
 				t.Fatalf("delay 2500 ms over max 1000: local response %+v, want 429 with Retry-After 3", lr)
@@ -635,8 +639,8 @@ func TestShaping(t *testing.T) {
 			host, _ := startFilter(t, b, cfg(`"max_held_requests": 1`))
 			a, _ := request(host, "k1", "/a")
 			b, _ := request(host, "k1", "/b")
-			answer(t, host, a, shaped("100"), allowBody)
-			answer(t, host, b, shaped("100"), allowBody)
+			shaped(t, host, a, "100")
+			shaped(t, host, b, "100")
 			if lr := host.GetSentLocalResponse(b); lr == nil || lr.StatusCode != 429 {
 				t.Fatalf("second held request over max_held_requests 1: local response %+v, want 429", lr)
 			}

@@ -220,6 +220,7 @@ func FuzzCalloutAnswer(f *testing.F) {
 	f.Add("429", header(denyHeaders()), []byte(denyBody))
 	f.Add("503", "retry-after: 1\n", []byte(unavailableBody))
 	f.Add("200", "x-tollgate-delay-ms: 250\n", []byte(allowBody))
+	f.Add("200", "x-tollgate-delay-ms: 250\n", []byte(strings.Replace(allowBody, `"delay_ms":0`, `"delay_ms":250`, 1)))
 	f.Add("", "", []byte(nil))
 	config := cfg(`"failure_mode": "local", "local_limits": [{"name": "l", "key": ["api_key"], "algorithm": "gcra", "rate": "1/min"}]`)
 	f.Fuzz(func(t *testing.T, status, headers string, body []byte) {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -11,12 +10,15 @@ import (
 
 	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/bounds"
-	"github.com/tollgate-dev/tollgate/shared/jsonv"
+	"github.com/tollgate-dev/tollgate/wasmfilter/internal/jsonv"
 )
 
 // maxCalloutBody bounds the decision service's answer: a longer body is not read at
 // all (a prefix would not parse), and its JSON fields count as absent.
 const maxCalloutBody = 64 << 10
+
+// tooManyRequests is the "error" of the filter's 429 bodies.
+const tooManyRequests = "too many requests"
 
 // rateLimitHeaders are the decision service's headers that are passed on to the client.
 var rateLimitHeaders = []string{"ratelimit-policy", "ratelimit", "x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"}
@@ -68,7 +70,7 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 			if e, ok := p.cache.lookup(h.identity, now); ok {
 				p.metrics.cacheHits.Increment(1)
 				p.metrics.denied.Increment(1)
-				return h.reply(429, e.headers(now), deniedBody(p.cfg.domain, e.rule, time.Duration(e.until-now.UnixMilli())*time.Millisecond))
+				return h.reply(429, e.headers(now), refusalBody(tooManyRequests, p.cfg.domain, e.rule, time.Duration(e.until-now.UnixMilli())*time.Millisecond))
 			}
 		}
 	}
@@ -149,15 +151,7 @@ func (h *httpContext) decide(numHeaders, bodySize int) types.Action {
 // allowed handles a 200: the request goes on, now or after the shaping delay.
 func (h *httpContext) allowed(headers [][2]string, answer answerBody) types.Action {
 	h.respHeaders = pick(headers, rateLimitHeaders)
-	var delay time.Duration
-	if v, ok := headerValue(headers, "x-tollgate-delay-ms"); ok {
-		if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms > 0 {
-			delay = time.Duration(ms) * time.Millisecond
-		}
-	} else if d, ok := answerMillis(answer.delayMs); ok {
-		delay = d
-	}
-	return h.admit(delay, ruleOf(headers, answer))
+	return h.admit(answer.delay, answer.rule)
 }
 
 // admit lets the request go on after delay, holding it meanwhile. A delay beyond
@@ -170,8 +164,7 @@ func (h *httpContext) admit(delay time.Duration, rule string) types.Action {
 	}
 	if delay > p.cfg.maxDelay || !p.hold(h.contextID, p.now().Add(delay)) {
 		p.metrics.denied.Increment(1)
-		hs := append([][2]string{{"retry-after", strconv.FormatInt(algo.RetryAfterSeconds(delay), 10)}}, h.respHeaders...)
-		return h.reply(429, hs, deniedBody(p.cfg.domain, rule, delay))
+		return h.refuse(429, tooManyRequests, rule, delay, h.respHeaders)
 	}
 	p.metrics.shaped.Increment(1)
 	p.metrics.allowed.Increment(1)
@@ -182,26 +175,13 @@ func (h *httpContext) admit(delay time.Duration, rule string) types.Action {
 // the client in the deny cache until its retry time.
 func (h *httpContext) denied(headers [][2]string, answer answerBody) types.Action {
 	p := h.plugin
-	now := p.now()
-	var retry time.Duration
-	if r, ok := answerMillis(answer.retryAfterMs); ok {
-		retry = r
-	}
-	retryAfter, ok := headerValue(headers, "retry-after")
-	if secs, err := strconv.ParseInt(retryAfter, 10, 64); ok && err == nil && secs > 0 {
-		if retry <= 0 {
-			retry = time.Duration(secs) * time.Second
-		}
-	} else {
-		retryAfter = strconv.FormatInt(algo.RetryAfterSeconds(retry), 10)
-	}
-	rule := ruleOf(headers, answer)
-	if p.cache != nil && h.cacheable && retry > 0 {
+	if p.cache != nil && h.cacheable && answer.retry > 0 {
+		now := p.now()
 		e := denyEntry{
 			identity: h.identity,
-			until:    now.Add(retry).UnixMilli(),
+			until:    now.Add(answer.retry).UnixMilli(),
 			stored:   now.UnixMilli(),
-			rule:     rule,
+			rule:     answer.rule,
 		}
 		e.policy, _ = headerValue(headers, "ratelimit-policy")
 		e.limit, _ = headerValue(headers, "ratelimit")
@@ -212,34 +192,30 @@ func (h *httpContext) denied(headers [][2]string, answer answerBody) types.Actio
 		}
 	}
 	p.metrics.denied.Increment(1)
-	hs := append([][2]string{{"retry-after", retryAfter}}, pick(headers, rateLimitHeaders)...)
-	return h.reply(429, hs, deniedBody(p.cfg.domain, rule, retry))
+	return h.refuse(429, tooManyRequests, answer.rule, answer.retry, pick(headers, rateLimitHeaders))
 }
 
 // unavailable handles the service's 503 verdict: its store is down and its policy
-// fails closed. That is the service's decision, so the filter replies 503 itself with
-// the service's Retry-After (1 second when it sends none). The filter's own failure
-// mode does not apply, and the deny cache is left alone: the client did nothing to be
-// remembered for.
+// fails closed. That is the service's decision, so the filter replies 503 itself,
+// retrying after the service's retry_after_ms (1 second when it sends none). The
+// filter's own failure mode does not apply, and the deny cache is left alone: the
+// client did nothing to be remembered for.
 func (h *httpContext) unavailable(headers [][2]string, answer answerBody) types.Action {
-	p := h.plugin
-	retry, _ := answerMillis(answer.retryAfterMs)
-	retryAfter, ok := headerValue(headers, "retry-after")
-	secs, err := strconv.ParseInt(retryAfter, 10, 64)
-	switch {
-	case ok && err == nil && secs > 0:
-		if retry <= 0 && secs <= math.MaxInt64/int64(time.Second) {
-			retry = time.Duration(secs) * time.Second
-		}
-	case retry > 0:
-		retryAfter = strconv.FormatInt(algo.RetryAfterSeconds(retry), 10)
-	default:
-		retryAfter, retry = "1", time.Second
+	retry := answer.retry
+	if retry <= 0 {
+		retry = time.Second
 	}
-	p.metrics.unavailable.Increment(1)
-	proxywasm.LogWarnf("tollgate: the decision service is unavailable and its policy fails closed; replying 503 (Retry-After %s)", retryAfter)
-	hs := append([][2]string{{"retry-after", retryAfter}}, pick(headers, rateLimitHeaders)...)
-	return h.reply(503, hs, refusalBody("rate limiter unavailable", p.cfg.domain, ruleOf(headers, answer), retry))
+	h.plugin.metrics.unavailable.Increment(1)
+	proxywasm.LogWarnf("tollgate: the decision service is unavailable and its policy fails closed; replying 503 (Retry-After %d)", algo.RetryAfterSeconds(retry))
+	return h.refuse(503, "rate limiter unavailable", answer.rule, retry, pick(headers, rateLimitHeaders))
+}
+
+// refuse answers the request locally with status: Retry-After is retry in whole
+// seconds (algo.RetryAfterSeconds, as the decision service writes it), then the
+// rate-limit headers passed, and the body is refusalBody's.
+func (h *httpContext) refuse(status uint32, message, rule string, retry time.Duration, passed [][2]string) types.Action {
+	hs := append([][2]string{{"retry-after", strconv.FormatInt(algo.RetryAfterSeconds(retry), 10)}}, passed...)
+	return h.reply(status, hs, refusalBody(message, h.plugin.cfg.domain, rule, retry))
 }
 
 // failureMode decides a request whose callout failed.
@@ -275,8 +251,7 @@ func (h *httpContext) local() types.Action {
 		return h.admit(v.delay, v.name)
 	}
 	p.metrics.denied.Increment(1)
-	hs := append([][2]string{{"retry-after", strconv.FormatInt(algo.RetryAfterSeconds(v.decision.RetryAfter), 10)}}, h.respHeaders...)
-	return h.reply(429, hs, deniedBody(p.cfg.domain, v.name, v.decision.RetryAfter))
+	return h.refuse(429, tooManyRequests, v.name, v.decision.RetryAfter, h.respHeaders)
 }
 
 // reply sends a local response with a JSON body and returns ActionPause, the action
@@ -308,11 +283,6 @@ func (h *httpContext) OnHttpStreamDone() {
 	h.plugin.release(h.contextID)
 }
 
-// deniedBody is the JSON body of a 429.
-func deniedBody(domain, rule string, retry time.Duration) []byte {
-	return refusalBody("too many requests", domain, rule, retry)
-}
-
 // refusalBody is the JSON body of a request the filter answers itself because it was
 // not allowed: {"allowed":false,"error":message,"domain":…,"rule":…,"retry_after_ms":…},
 // without "rule" when rule is empty.
@@ -328,21 +298,6 @@ func refusalBody(message, domain, rule string, retry time.Duration) []byte {
 	b = append(b, `,"retry_after_ms":`...)
 	b = strconv.AppendInt(b, max(0, retry.Milliseconds()), 10)
 	return append(b, '}')
-}
-
-// ruleOf names the deciding rule: the answer's "rule", else the name of the first item
-// of the RateLimit header.
-func ruleOf(headers [][2]string, answer answerBody) string {
-	if answer.hasRule {
-		return answer.rule
-	}
-	v, _ := headerValue(headers, "ratelimit")
-	if len(v) > 1 && v[0] == '"' {
-		if i := strings.IndexByte(v[1:], '"'); i >= 0 {
-			return v[1 : i+1]
-		}
-	}
-	return ""
 }
 
 // headerValue returns the first value of a header; names are lower-case.

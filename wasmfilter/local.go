@@ -12,8 +12,8 @@ import (
 // A localVerdict is the answer of the local limits to one request.
 type localVerdict struct {
 	allowed bool
-	// name and decision are the most restrictive limit's (algo.MoreRestrictive).
-	// Empty name: no limit applied.
+	// name and decision are the most restrictive limit's (algo.MostRestrictive, the
+	// fold the decision service's verdict comes from). Empty name: no limit applied.
 	name     string
 	decision algo.Decision
 	// quotas are every limit's decision, for the RateLimit headers; deciding is the
@@ -41,8 +41,7 @@ func newLocalLimiter(c *config, clock func() time.Time) *localLimiter {
 // all or nothing.
 func (l *localLimiter) decide(attrs []value, cost int64, now time.Time) localVerdict {
 	check := algo.Check{Cost: cost, NowMicros: now.UnixMicro()}
-	var names []string
-	var specs []algo.Meter
+	var applied []localLimit
 	for _, lim := range l.limits {
 		key, ok := localKey(lim, attrs)
 		if !ok {
@@ -50,10 +49,9 @@ func (l *localLimiter) decide(attrs []value, cost int64, now time.Time) localVer
 		}
 		check.Keys = append(check.Keys, key)
 		check.Meters = append(check.Meters, lim.meter)
-		names = append(names, lim.name)
-		specs = append(specs, lim.meter)
+		applied = append(applied, lim)
 	}
-	if len(check.Meters) == 0 {
+	if len(applied) == 0 {
 		return localVerdict{allowed: true}
 	}
 	out, err := l.store.Decide(context.Background(), check)
@@ -62,19 +60,20 @@ func (l *localLimiter) decide(attrs []value, cost int64, now time.Time) localVer
 		return localVerdict{allowed: true}
 	}
 	v := localVerdict{allowed: out.Allowed}
-	picked := false
+	var owner []string // the name of the limit of each quota
 	for i, ds := range out.Decisions {
 		for j, d := range ds {
 			v.delay = max(v.delay, d.Delay)
-			name := names[i]
+			name := applied[i].name
 			if len(ds) > 1 {
 				name += "." + strconv.Itoa(j+1)
 			}
-			if !picked || algo.MoreRestrictive(d, v.decision) {
-				picked, v.name, v.decision, v.deciding = true, names[i], d, len(v.quotas)
-			}
-			v.quotas = append(v.quotas, algo.Quota{Name: name, Limit: specs[i].Limits[j], Decision: d})
+			v.quotas = append(v.quotas, algo.Quota{Name: name, Limit: applied[i].meter.Limits[j], Decision: d})
+			owner = append(owner, applied[i].name)
 		}
+	}
+	if k := algo.MostRestrictive(len(v.quotas), func(k int) (algo.Decision, bool) { return v.quotas[k].Decision, true }); k >= 0 {
+		v.name, v.decision, v.deciding = owner[k], v.quotas[k].Decision, k
 	}
 	if !out.Allowed {
 		v.delay = 0

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate-dev/tollgate/wasmfilter/wasmhost"
+	"github.com/tollgate-dev/tollgate/wasmfilter/internal/wasmhost"
 )
 
 // countingHandler counts the requests a handler serves and remembers the last
