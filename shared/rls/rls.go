@@ -321,7 +321,9 @@ func override(p *engine.Plan, pol *policy.Policy, d *rlv3.RateLimitDescriptor) e
 		esc = append(esc, algo.Escape(e.GetKey())+"="+algo.Escape(e.GetValue()))
 	}
 	identity := strings.Join(esc, ":")
-	key := algo.Key(pol.Prefix, OverrideRule+":"+identity, OverrideRule, identity, algo.MeterID(0, m))
+	// The count is in the key: two overrides of one descriptor never share a count
+	// (algo.MeterID leaves it out, so that a policy's limit keeps its state).
+	key := algo.Key(pol.Prefix, OverrideRule+":"+identity, OverrideRule, identity, algo.MeterID(0, m)+"."+strconv.FormatInt(l.Count, 10))
 	p.Only(engine.Item{Key: key, Meter: m, Rule: &policy.Rule{Name: OverrideRule, Limits: m.Limits, Meters: []algo.Meter{m}}})
 	return nil
 }
