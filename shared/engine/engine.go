@@ -476,12 +476,12 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 	matches := pol.Match(attrs)
 	p.KeyRequired = pol.KeyRequired(attrs, matches)
 	for _, mt := range matches {
-		for i, mr := range mt.Meters {
-			p.Check.Keys = append(p.Check.Keys, mt.Keys[i])
-			p.Check.Meters = append(p.Check.Meters, mr)
+		for _, mm := range mt.Meters {
+			p.Check.Keys = append(p.Check.Keys, mm.Key)
+			p.Check.Meters = append(p.Check.Meters, mm.Meter)
 			p.Rules = append(p.Rules, mt.Rule)
 			if cur.leases != nil {
-				p.leases = append(p.leases, mt.Rule.MeterLease(i))
+				p.leases = append(p.leases, mm.Lease)
 			}
 		}
 	}

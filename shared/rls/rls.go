@@ -372,9 +372,10 @@ func override(p *engine.Plan, pol *policy.Policy, d *rlv3.RateLimitDescriptor) e
 		esc = append(esc, algo.Escape(e.GetKey())+"="+algo.Escape(e.GetValue()))
 	}
 	identity := strings.Join(esc, ":")
-	key := algo.Key(pol.Prefix, OverrideRule+":"+identity, OverrideRule, identity, algo.MeterID(0, m))
+	id := algo.MeterID(0, m)
+	key := algo.Key(pol.Prefix, OverrideRule+":"+identity, OverrideRule, identity, id)
 	p.Check.Keys, p.Check.Meters = []string{key}, []algo.Meter{m}
-	p.Rules = []*policy.Rule{{Name: OverrideRule, Limits: m.Limits, Meters: []algo.Meter{m}}}
+	p.Rules = []*policy.Rule{{Name: OverrideRule, Limits: []policy.RuleLimit{{Limit: l}}, Meters: []policy.RuleMeter{{Meter: m, ID: id}}}}
 	p.KeyRequired = false
 	return nil
 }
