@@ -161,7 +161,7 @@ func modelRetryAfter(t *testing.T) int64 {
 	if err != nil {
 		t.Fatalf("policy.Load() error = %v", err)
 	}
-	m := p.Rules[0].Meters[0]
+	m := p.Rules[0].Meters[0].Meter
 	now := time.Now()
 	var st algo.State
 	var ds []algo.Decision

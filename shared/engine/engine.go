@@ -576,8 +576,8 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 	matches := pol.Match(attrs)
 	p.KeyRequired = pol.KeyRequired(attrs, matches)
 	for _, mt := range matches {
-		for i, mr := range mt.Meters {
-			p.Items = append(p.Items, Item{Key: mt.Keys[i], Meter: mr, Rule: mt.Rule, Lease: mt.Rule.MeterLease(i), Groups: 1})
+		for _, mm := range mt.Meters {
+			p.Items = append(p.Items, Item{Key: mm.Key, Meter: mm.Meter, Rule: mt.Rule, Lease: mm.Lease, Groups: 1})
 		}
 	}
 	return p, nil

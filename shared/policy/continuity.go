@@ -26,25 +26,16 @@ import (
 // so a counter's keys never meet a rule's.
 const counterMark = "@"
 
-// nameMeters fills the rule's meterIDs, and meterCount for the meters of limits
-// that name a counter. A meter's place in its name is its place among the rule's
+// nameMeters fills the ID of each of the rule's meters. A meter's place in its name is its place among the rule's
 // meters whose state means the same (the same algo.MeterID at place 0), so adding a
 // limit of another kind to a rule keeps every other limit's key.
 func (r *Rule) nameMeters() {
 	seen := map[string]int{}
-	for _, m := range r.Meters {
-		kind := algo.MeterID(0, m)
-		r.meterIDs = append(r.meterIDs, algo.MeterID(seen[kind], m))
+	for i := range r.Meters {
+		m := &r.Meters[i]
+		kind := algo.MeterID(0, m.Meter)
+		m.ID = algo.MeterID(seen[kind], m.Meter)
 		seen[kind]++
-	}
-	if r.Counters == nil {
-		return
-	}
-	r.meterCount = make([]string, len(r.Meters))
-	for j, i := range r.limitMeters() {
-		if j < len(r.Counters) && r.Counters[j] != "" {
-			r.meterCount[i] = r.Counters[j]
-		}
 	}
 }
 
@@ -74,7 +65,7 @@ func (r *Rule) limitMeters() []int {
 // pro) tell rules apart, not clients, and stay out. When the policy's shard_by is
 // one of them, its value is the hash tag, as for the rule's other keys.
 func (r *Rule) counterKey(p *Policy, i int, value func(a string) string) string {
-	name := counterMark + r.meterCount[i]
+	name := counterMark + r.Meters[i].Counter
 	var tag string
 	var ids []string
 	for _, a := range r.attrs {
@@ -92,7 +83,7 @@ func (r *Rule) counterKey(p *Policy, i int, value func(a string) string) string 
 	if tag == "" {
 		tag, identity = name+":"+identity, ""
 	}
-	return algo.Key(p.Prefix, tag, name, identity, r.meterIDs[i])
+	return algo.Key(p.Prefix, tag, name, identity, r.Meters[i].ID)
 }
 
 // perValue reports whether the matcher keeps a limit per distinct value.
@@ -134,10 +125,10 @@ func (r *Rule) keyShapes(p *Policy) []string {
 	}
 	out := make([]string, len(r.Meters))
 	for i := range r.Meters {
-		if r.meterCount != nil && r.meterCount[i] != "" {
+		if r.Meters[i].Counter != "" {
 			out[i] = r.counterKey(p, i, value)
 		} else {
-			out[i] = algo.Key(p.Prefix, tag, r.Name, identity, r.meterIDs[i])
+			out[i] = algo.Key(p.Prefix, tag, r.Name, identity, r.Meters[i].ID)
 		}
 	}
 	return out
@@ -233,7 +224,7 @@ func (d *decoder) checkCounters(p *Policy) {
 			continue
 		}
 		at := u.path + ".counter"
-		l, fl := u.rule.Limits[u.limit], f.rule.Limits[f.limit]
+		l, fl := u.rule.Limits[u.limit].Limit, f.rule.Limits[f.limit].Limit
 		fa, ua := f.rule.keyAttrs(), u.rule.keyAttrs()
 		switch {
 		case f.rule == u.rule:

@@ -14,7 +14,9 @@ import (
 func keysOf(p *policy.Policy, attrs map[string]string) []string {
 	var keys []string
 	for _, m := range p.Match(attrs) {
-		keys = append(keys, m.Keys...)
+		for _, mm := range m.Meters {
+			keys = append(keys, mm.Key)
+		}
 	}
 	return keys
 }

@@ -867,11 +867,13 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 		for j, ln := range v.Content {
 			l, rec, lf, lok := d.limit(ln, fmt.Sprintf("%s.limits[%d]", path, j))
 			ok = ok && lok
-			r.Limits = append(r.Limits, l)
-			r.Records = append(r.Records, rec)
-			r.addLease(j, d.lease(lf, l, rec, r.Shadow)) // lease: see decoder.lease
-			r.Replicas = addPer(r.Replicas, j, d.replicas(lf))
-			r.Counters = addPer(r.Counters, j, d.counter(lf, l, r, path, j)) // counter: see continuity.go
+			r.Limits = append(r.Limits, RuleLimit{
+				Limit:    l,
+				Lease:    d.lease(lf, l, rec, r.Shadow), // lease: see decoder.lease
+				Record:   rec,
+				Replicas: d.replicas(lf),
+				Counter:  d.counter(lf, l, r, path, j), // counter: see continuity.go
+			})
 			limitNodes = append(limitNodes, d.node(ln))
 			if d.over {
 				return r, nameNode
@@ -884,7 +886,7 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 	if ok {
 		r.compile(shardBy)
 		for i, m := range r.Meters {
-			if err := m.Validate(); err != nil {
+			if err := m.Meter.Validate(); err != nil {
 				d.addf(f.n, fmt.Sprintf("%s.meters[%d]", path, i), "%v", err)
 			}
 		}
@@ -1132,7 +1134,7 @@ func (d *decoder) ring(r *Rule, path string, nodes []*yaml.Node) bool {
 				first = j
 			}
 		}
-		m.Limits = append(m.Limits, l)
+		m.Limits = append(m.Limits, l.Limit)
 	}
 	if !ok || len(m.Limits) == 0 {
 		return ok
@@ -1179,9 +1181,9 @@ func attributes(rules []*Rule) []string {
 		for a := range r.Match {
 			names = append(names, a)
 		}
-		for _, a := range r.Records {
-			if a != "" {
-				names = append(names, a)
+		for _, l := range r.Limits {
+			if l.Record != "" {
+				names = append(names, l.Record)
 			}
 		}
 	}

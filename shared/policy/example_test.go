@@ -30,8 +30,8 @@ rules:
 		return
 	}
 	for _, m := range p.Match(map[string]string{"api_key": "k1", "path": "/upload", "remote_address": "203.0.113.9"}) {
-		for i, key := range m.Keys {
-			fmt.Println(m.Rule.Name, key, m.Meters[i].Limits)
+		for _, mm := range m.Meters {
+			fmt.Println(m.Rule.Name, mm.Key, mm.Meter.Limits)
 		}
 	}
 	// Output:
@@ -76,7 +76,7 @@ rules:
 		fmt.Println(err)
 		return
 	}
-	fmt.Printf("%+v\n", p.Rules[0].MeterLease(0))
+	fmt.Printf("%+v\n", p.Rules[0].Meters[0].Lease)
 	_, err = policy.Parse([]byte(`
 domain: public-api
 rules:

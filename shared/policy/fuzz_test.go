@@ -42,7 +42,7 @@ func FuzzParse(f *testing.F) {
 		}
 		for _, r := range p.Rules {
 			for _, m := range r.Meters {
-				if err := m.Validate(); err != nil {
+				if err := m.Meter.Validate(); err != nil {
 					t.Fatalf("rule %s: meter %v: Validate() = %v", r.Name, m, err)
 				}
 			}
@@ -52,10 +52,10 @@ func FuzzParse(f *testing.F) {
 		}
 		for _, attrs := range []map[string]string{exact, wild} {
 			for _, m := range p.Match(attrs) {
-				if len(m.Keys) != len(m.Meters) || len(m.Keys) != len(m.Rule.Meters) {
-					t.Fatalf("Match(%q) rule %s: %d keys, %d meters, want %d each", attrs, m.Rule.Name, len(m.Keys), len(m.Meters), len(m.Rule.Meters))
+				if len(m.Meters) != len(m.Rule.Meters) {
+					t.Fatalf("Match(%q) rule %s: %d meters, want %d", attrs, m.Rule.Name, len(m.Meters), len(m.Rule.Meters))
 				}
-				for _, k := range m.Keys {
+				for _, k := range keys(m) {
 					tag := algo.HashTag(k)
 					if !strings.HasPrefix(k, p.Prefix+"{"+tag+"}"+m.Rule.Name+":") {
 						t.Fatalf("Match(%q) rule %s: key %q does not start with prefix, tag and rule", attrs, m.Rule.Name, k)

@@ -9,19 +9,27 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/algo"
 )
 
-// A Match is one rule that applies to a request, with the store keys and meters the
-// request must pass under it.
+// A Match is one rule that applies to a request, with the meters the request must
+// pass under it.
 type Match struct {
 	Rule *Rule
-	// Keys holds the store key of each meter: Keys[i] is the key of Meters[i].
-	Keys []string
-	// Meters are the rule's meters with Record filled from the request. They may share
-	// memory with Rule.Meters and must not be modified (Scale returns a copy).
-	Meters []algo.Meter
+	// Meters holds one entry per meter of the rule, in the order of Rule.Meters.
+	Meters []MatchedMeter
 	// Identity is the escaped values of every attribute the rule matches on, sorted by
 	// attribute name and joined with ':' — who the keys belong to, for logs. It is
 	// empty for a rule that matches every request.
 	Identity string
+}
+
+// A MatchedMeter is one meter a request must pass under a matched rule.
+type MatchedMeter struct {
+	// Key is the meter's store key (see Policy.Match).
+	Key string
+	// Meter is the rule's meter with Record filled from the request. Its Limits are
+	// the rule's and must not be modified (Scale returns a copy).
+	Meter algo.Meter
+	// Lease is the meter's lease (RuleMeter.Lease); the zero Lease for none.
+	Lease Lease
 }
 
 // compile fills the rule's derived fields: the sorted match attributes, whether it is
@@ -36,37 +44,27 @@ func (r *Rule) compile(shardBy string) {
 	r.sharded = r.sharded && shardBy != ""
 
 	ring := -1
-	for i, l := range r.Limits {
+	for _, l := range r.Limits {
 		if l.Algorithm == algo.BucketRing {
+			// A ring neither leases nor records: its meter keeps the zero Lease and "".
 			if ring < 0 {
 				ring = len(r.Meters)
-				r.Meters = append(r.Meters, algo.Meter{Shadow: r.Shadow})
-				r.meterRecord = append(r.meterRecord, "")
+				r.Meters = append(r.Meters, RuleMeter{Meter: algo.Meter{Shadow: r.Shadow}})
 			}
-			r.Meters[ring].Limits = append(r.Meters[ring].Limits, l)
-			rp := &r.Meters[ring].Replicas
-			rp.Count = max(rp.Count, r.limitReplicas(i).Count)
-			rp.Timeout = max(rp.Timeout, r.limitReplicas(i).Timeout)
+			m := &r.Meters[ring].Meter
+			m.Limits = append(m.Limits, l.Limit)
+			m.Replicas.Count = max(m.Replicas.Count, l.Replicas.Count)
+			m.Replicas.Timeout = max(m.Replicas.Timeout, l.Replicas.Timeout)
 			continue
 		}
-		r.Meters = append(r.Meters, algo.Meter{Limits: []algo.Limit{l}, Shadow: r.Shadow, Replicas: r.limitReplicas(i)})
-		if i < len(r.Leases) {
-			// rings do not lease: a ring's meter keeps the zero lease
-			r.meterLease = append(r.meterLease, make([]Lease, len(r.Meters)-1-len(r.meterLease))...)
-			r.meterLease = append(r.meterLease, r.Leases[i])
-		}
-		r.meterRecord = append(r.meterRecord, r.Records[i])
-		r.recording = r.recording || r.Records[i] != ""
+		r.Meters = append(r.Meters, RuleMeter{
+			Meter:   algo.Meter{Limits: []algo.Limit{l.Limit}, Shadow: r.Shadow, Replicas: l.Replicas},
+			Lease:   l.Lease,
+			Record:  l.Record,
+			Counter: l.Counter,
+		})
 	}
 	r.nameMeters()
-}
-
-// limitReplicas returns the replicas limit i asks for, or the zero value.
-func (r *Rule) limitReplicas(i int) algo.Replicas {
-	if r.Replicas == nil {
-		return algo.Replicas{}
-	}
-	return r.Replicas[i]
 }
 
 // applies reports whether every attribute the rule names is present in attrs with
@@ -137,7 +135,7 @@ func (r *Rule) in(attrs map[string]string) bool {
 }
 
 // Match returns, in rule order, every rule that applies to a request with the given
-// attributes, with the keys and meters to decide. A rule applies when each attribute
+// attributes, with the meters to decide and their keys. A rule applies when each attribute
 // it names is present in attrs and its Matcher matches the value, and no rule that
 // replaces it applies.
 //
@@ -157,14 +155,14 @@ func (p *Policy) Match(attrs map[string]string) []Match { return p.AppendMatch(n
 // allocation bounds TestMatchAllocations keeps (BenchmarkMatch, run by make test's
 // bench-core, shows the cost).
 func (p *Policy) AppendMatch(dst []Match, attrs map[string]string) []Match {
-	n, nkeys, nrec := 0, 0, 0
-	for _, r := range p.Rules {
+	// in marks which of the first 64 rules take part, so that the second loop asks
+	// only the rules after them again.
+	n, nmeters, in := 0, 0, uint64(0)
+	for ri, r := range p.Rules {
 		if r.in(attrs) {
 			n++
-			nkeys += len(r.Meters)
-			if r.recording {
-				nrec += len(r.Meters)
-			}
+			nmeters += len(r.Meters)
+			in |= 1 << ri // 0 from the 65th rule on
 		}
 	}
 	if n == 0 {
@@ -175,14 +173,10 @@ func (p *Policy) AppendMatch(dst []Match, attrs map[string]string) []Match {
 		out = make([]Match, len(dst), len(dst)+n)
 		copy(out, dst)
 	}
-	keys := make([]string, nkeys)
-	var meters []algo.Meter
-	if nrec > 0 {
-		meters = make([]algo.Meter, nrec)
-	}
+	meters := make([]MatchedMeter, nmeters)
 	var buf [8]string
-	for _, r := range p.Rules {
-		if !r.in(attrs) {
+	for ri, r := range p.Rules {
+		if ri < 64 && in&(1<<ri) == 0 || ri >= 64 && !r.in(attrs) {
 			continue
 		}
 		esc := buf[:0]
@@ -199,22 +193,17 @@ func (p *Policy) AppendMatch(dst []Match, attrs map[string]string) []Match {
 			tag, identity = esc[shard], joinSkip(esc, shard)
 		}
 		k := len(r.Meters)
-		m.Keys, keys = keys[:k:k], keys[k:]
-		for i := range r.Meters {
-			if r.meterCount != nil && r.meterCount[i] != "" {
-				m.Keys[i] = r.counterKey(p, i, func(a string) string { return r.Match[a].keyValue(attrs[a]) })
-				continue
+		m.Meters, meters = meters[:k:k], meters[k:]
+		for i, rm := range r.Meters {
+			mm := &m.Meters[i]
+			if rm.Counter != "" {
+				mm.Key = r.counterKey(p, i, func(a string) string { return r.Match[a].keyValue(attrs[a]) })
+			} else {
+				mm.Key = algo.Key(p.Prefix, tag, r.Name, identity, rm.ID)
 			}
-			m.Keys[i] = algo.Key(p.Prefix, tag, r.Name, identity, r.meterIDs[i])
-		}
-		m.Meters = r.Meters
-		if r.recording {
-			m.Meters, meters = meters[:k:k], meters[k:]
-			copy(m.Meters, r.Meters)
-			for i, a := range r.meterRecord {
-				if a != "" {
-					m.Meters[i].Record = attrs[a]
-				}
+			mm.Meter, mm.Lease = rm.Meter, rm.Lease
+			if rm.Record != "" {
+				mm.Meter.Record = attrs[rm.Record]
 			}
 		}
 		out = append(out, m)
@@ -228,7 +217,7 @@ func (r *Rule) QuotaName(l algo.Limit) string {
 	if len(r.Limits) < 2 {
 		return r.Name
 	}
-	i := slices.Index(r.Limits, l)
+	i := slices.IndexFunc(r.Limits, func(rl RuleLimit) bool { return rl.Limit == l })
 	return r.Name + "." + strconv.Itoa(i+1)
 }
 

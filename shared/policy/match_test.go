@@ -29,6 +29,15 @@ func ruleNames(ms []policy.Match) []string {
 	return names
 }
 
+// keys returns the store key of each meter of m.
+func keys(m policy.Match) []string {
+	var out []string
+	for _, mm := range m.Meters {
+		out = append(out, mm.Key)
+	}
+	return out
+}
+
 func TestMatchRules(t *testing.T) {
 	t.Parallel()
 	p, err := policy.Load(shipped)
@@ -62,6 +71,32 @@ func TestMatchRules(t *testing.T) {
 	}
 }
 
+// TestMatchManyRules checks that Match finds the rules that apply among more than 64,
+// past the rules whose answer it remembers between its two loops.
+func TestMatchManyRules(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	b.WriteString("domain: d\nrules:\n")
+	for i := range 70 {
+		fmt.Fprintf(&b, "  - {name: r%d, match: {a: v%d}, limits: [{algorithm: gcra, rate: 1/s}]}\n", i, i%3)
+	}
+	p := mustParse(t, b.String())
+	var want []string
+	for i := 1; i < 70; i += 3 {
+		want = append(want, fmt.Sprintf("r%d", i))
+	}
+	attrs := map[string]string{"a": "v1"}
+	ms := p.Match(attrs)
+	if got := ruleNames(ms); !reflect.DeepEqual(got, want) {
+		t.Fatalf("Match(%v) = %q, want %q", attrs, got, want)
+	}
+	for _, m := range ms {
+		if got, want := keys(m), []string{"tg:{" + m.Rule.Name + ":v1}" + m.Rule.Name + "::0.acf1c268"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("Match(%v) rule %s keys = %q, want %q", attrs, m.Rule.Name, got, want)
+		}
+	}
+}
+
 func TestMatchGlobal(t *testing.T) {
 	t.Parallel()
 	p := mustParse(t, "domain: d\nrules: [{name: all, limits: [{algorithm: gcra, rate: 1/s}]}, {name: some, match: {a: x}, limits: [{algorithm: gcra, rate: 1/s}]}]\n")
@@ -71,7 +106,7 @@ func TestMatchGlobal(t *testing.T) {
 			t.Errorf("Match(%v) = %q, want %q", attrs, got, want)
 			continue
 		}
-		if got, want := ms[0].Keys, []string{"tg:{all:}all::0.acf1c268"}; !reflect.DeepEqual(got, want) {
+		if got, want := keys(ms[0]), []string{"tg:{all:}all::0.acf1c268"}; !reflect.DeepEqual(got, want) {
 			t.Errorf("Match(%v).Keys = %q, want %q", attrs, got, want)
 		}
 	}
@@ -99,31 +134,31 @@ func TestMatchKeys(t *testing.T) {
 	}
 	for i, w := range want {
 		m := ms[i]
-		if m.Rule.Name != w.rule || !reflect.DeepEqual(m.Keys, w.keys) || m.Identity != w.identity {
-			t.Errorf("Match(%v)[%d] = %s %q %q, want %s %q %q", attrs, i, m.Rule.Name, m.Keys, m.Identity, w.rule, w.keys, w.identity)
+		if m.Rule.Name != w.rule || !reflect.DeepEqual(keys(m), w.keys) || m.Identity != w.identity {
+			t.Errorf("Match(%v)[%d] = %s %q %q, want %s %q %q", attrs, i, m.Rule.Name, keys(m), m.Identity, w.rule, w.keys, w.identity)
 		}
-		if len(m.Meters) != len(m.Keys) {
-			t.Errorf("Match(%v)[%d] has %d meters and %d keys, want one key per meter", attrs, i, len(m.Meters), len(m.Keys))
+		if len(m.Meters) != len(m.Rule.Meters) {
+			t.Errorf("Match(%v)[%d] has %d meters, want the rule's %d", attrs, i, len(m.Meters), len(m.Rule.Meters))
 		}
 	}
-	if got, want := algo.Slot(ms[0].Keys[0]), algo.Slot(ms[1].Keys[0]); got != want {
-		t.Errorf("Slot(%q) = %d, want %d, the slot of %q", ms[1].Keys[0], want, got, ms[0].Keys[0])
+	if got, want := algo.Slot(ms[0].Meters[0].Key), algo.Slot(ms[1].Meters[0].Key); got != want {
+		t.Errorf("Slot(%q) = %d, want %d, the slot of %q", ms[1].Meters[0].Key, want, got, ms[0].Meters[0].Key)
 	}
 
 	attrs = map[string]string{"remote_address": "203.0.113.9", "path": "/login", "user": "bob"}
 	ms = p.Match(attrs)
-	if got, want := ms[0].Keys, []string{"tg:{login-per-ip:/login:203.0.113.9}login-per-ip::0.4d4ca757"}; !reflect.DeepEqual(got, want) {
+	if got, want := keys(ms[0]), []string{"tg:{login-per-ip:/login:203.0.113.9}login-per-ip::0.4d4ca757"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("Match(%v)[0].Keys = %q, want %q", attrs, got, want)
 	}
-	if got := ms[0].Meters[0].Record; got != "bob" {
-		t.Errorf("Match(%v)[0].Meters[0].Record = %q, want %q", attrs, got, "bob")
+	if got := ms[0].Meters[0].Meter.Record; got != "bob" {
+		t.Errorf("Match(%v)[0].Meters[0].Meter.Record = %q, want %q", attrs, got, "bob")
 	}
-	if got := p.Rules[1].Meters[0].Record; got != "" {
-		t.Errorf("after Match, Rules[1].Meters[0].Record = %q, want the rule unchanged", got)
+	if got := p.Rules[1].Meters[0].Meter.Record; got != "" {
+		t.Errorf("after Match, Rules[1].Meters[0].Meter.Record = %q, want the rule unchanged", got)
 	}
 	delete(attrs, "user")
-	if got := p.Match(attrs)[0].Meters[0].Record; got != "" {
-		t.Errorf("Match(%v)[0].Meters[0].Record = %q, want empty when the attribute is absent", attrs, got)
+	if got := p.Match(attrs)[0].Meters[0].Meter.Record; got != "" {
+		t.Errorf("Match(%v)[0].Meters[0].Meter.Record = %q, want empty when the attribute is absent", attrs, got)
 	}
 }
 
@@ -164,7 +199,7 @@ rules:
 		}
 		tag := algo.Escape(v)
 		for _, m := range ms[:2] {
-			for _, k := range m.Keys {
+			for _, k := range keys(m) {
 				if got := algo.HashTag(k); got != tag {
 					t.Errorf("HashTag(%.80q) = %.40q, want %.40q", k, got, tag)
 				}
@@ -175,19 +210,19 @@ rules:
 		// A hostile user under a fixed API key: the slot does not move.
 		attrs = map[string]string{"api_key": "k", "user": v, "path": "/"}
 		ms = p.Match(attrs)
-		slot := algo.Slot(ms[0].Keys[0])
-		for _, k := range ms[1].Keys {
+		slot := algo.Slot(ms[0].Meters[0].Key)
+		for _, k := range keys(ms[1]) {
 			if got := algo.Slot(k); got != slot {
 				t.Errorf("Slot(%.80q) = %d, want %d, the slot of the API key", k, got, slot)
 			}
 			record(k, fmt.Sprintf("user hostile[%d]", i))
 		}
-		if got := ms[1].Meters[1].Record; got != v {
-			t.Errorf("Match(user %.20q).Meters[1].Record = %.20q, want the raw value", v, got)
+		if got := ms[1].Meters[1].Meter.Record; got != v {
+			t.Errorf("Match(user %.20q).Meters[1].Meter.Record = %.20q, want the raw value", v, got)
 		}
 		// Rules without the shard attribute: one tag per client, and it is the rule's.
 		for _, m := range ms[2:] {
-			for _, k := range m.Keys {
+			for _, k := range keys(m) {
 				if got, want := algo.HashTag(k), m.Rule.Name+":"+m.Identity; got != want {
 					t.Errorf("HashTag(%.80q) = %.40q, want %.40q", k, got, want)
 				}
@@ -198,7 +233,7 @@ rules:
 		for j, w := range hostile[:12] {
 			attrs := map[string]string{"user": v, "path": w}
 			for _, m := range p.Match(attrs)[1:] {
-				record(m.Keys[0], fmt.Sprintf("user-path hostile[%d], hostile[%d]", i, j))
+				record(m.Meters[0].Key, fmt.Sprintf("user-path hostile[%d], hostile[%d]", i, j))
 			}
 		}
 	}
@@ -216,8 +251,8 @@ func TestMatchConcurrent(t *testing.T) {
 			for i := range 200 {
 				attrs := map[string]string{"api_key": fmt.Sprint(g), "path": "/login", "remote_address": "192.0.2.1", "user": fmt.Sprint(i)}
 				ms := p.Match(attrs)
-				if got := ms[1].Meters[0].Record; got != fmt.Sprint(i) {
-					t.Errorf("Match(%v)[1].Meters[0].Record = %q, want %q", attrs, got, fmt.Sprint(i))
+				if got := ms[1].Meters[0].Meter.Record; got != fmt.Sprint(i) {
+					t.Errorf("Match(%v)[1].Meters[0].Meter.Record = %q, want %q", attrs, got, fmt.Sprint(i))
 					return
 				}
 			}
@@ -235,7 +270,7 @@ func TestMatchAllocations(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { p.Match(none) }); n != 0 {
 		t.Errorf("Match(%v) allocates %v times, want 0", none, n)
 	}
-	// One rule, one meter, a plain value: the result, its keys, and the key string.
+	// One rule, one meter, a plain value: the result, its meters, and the key string.
 	one := map[string]string{"api_key": "k", "path": "/"}
 	p2 := mustParse(t, "domain: d\nshard_by: api_key\nrules: [{name: r, match: {api_key: '*'}, limits: [{algorithm: gcra, rate: 1/s}]}]\n")
 	if n := testing.AllocsPerRun(100, func() { p2.Match(one) }); n > 3 {

@@ -181,35 +181,49 @@ type Rule struct {
 	// default one). A rule cannot replace itself, and rules cannot replace each other
 	// in a cycle.
 	Replaces []string
-	// Limits as written in the policy.
-	Limits []algo.Limit
-	// Leases holds, per limit, the lease it is served from (see Lease); the zero
-	// Lease for none. Nil when no limit of the rule leases.
-	Leases []Lease
-	// Records holds, per limit, the name of the attribute whose value is kept with
-	// each admitted request, or "" for none.
-	Records []string
-	// Replicas holds, per limit, the replicas its charges must reach before the
-	// decision is answered (algo.Replicas; the policy's replicas field); the zero
-	// value for none. Nil when no limit of the rule asks.
-	Replicas []algo.Replicas
-	// Counters holds, per limit, the name of the counter whose state it shares with
-	// the limits of other rules that name it (the policy's counter field), or "" for
-	// the limit's own. Nil when no limit of the rule names one.
-	Counters []string
+	// Limits as written in the policy, in its order.
+	Limits []RuleLimit
 	// Meters are the compiled limits, one store key each: the rule's bucket_ring limits
 	// form one meter (at the place of the first of them), every other limit its own.
-	// Record is empty here; Match fills it from the request.
-	Meters []algo.Meter
+	Meters []RuleMeter
 
-	attrs       []string // names in Match, sorted
-	sharded     bool     // Match names the policy's ShardBy attribute
-	meterRecord []string // per meter, the attribute to record, or ""
-	meterIDs    []string // per meter, its name in keys (algo.MeterID)
-	meterCount  []string // per meter, its counter (Counters), or ""; nil for none
-	meterLease  []Lease  // per meter, its lease; nil when no limit leases
-	replacedBy  []*Rule  // the rules whose Replaces name this one
-	recording   bool     // some meter records
+	attrs      []string // names in Match, sorted
+	sharded    bool     // Match names the policy's ShardBy attribute
+	replacedBy []*Rule  // the rules whose Replaces name this one
+}
+
+// A RuleLimit is one limit of a rule as the policy states it: the limit and what is
+// written beside it.
+type RuleLimit struct {
+	algo.Limit
+	// Lease is the lease the limit is served from (see Lease); the zero Lease for none.
+	Lease Lease
+	// Record names the attribute whose value is kept with each admitted request, or ""
+	// for none.
+	Record string
+	// Replicas are the replicas the limit's charges must reach before the decision is
+	// answered (algo.Replicas; the policy's replicas field); the zero value for none.
+	Replicas algo.Replicas
+	// Counter names the counter whose state the limit shares with the limits of other
+	// rules that name it (the policy's counter field), or "" for the limit's own.
+	Counter string
+}
+
+// A RuleMeter is one compiled meter of a rule: one store key, deciding one limit or
+// the rule's bucket_ring limits together.
+type RuleMeter struct {
+	// Meter is what the store decides. Its Record is empty; Match fills it from the
+	// request.
+	Meter algo.Meter
+	// ID names the meter in its key (algo.MeterID).
+	ID string
+	// Lease is the lease the meter is served from; the zero Lease for none (always
+	// for a bucket_ring meter).
+	Lease Lease
+	// Record names the attribute whose value Match puts in Meter.Record, or "".
+	Record string
+	// Counter is the limit's counter (RuleLimit.Counter), or "".
+	Counter string
 }
 
 // A Lease lets each instance serve a hot limit from a slice of its quota: the
@@ -299,23 +313,6 @@ func (ls Lease) Problems(l algo.Limit, record string, shadow bool) [][2]string {
 	return out
 }
 
-// addLease appends the lease of the rule's limit j (decoded in order), keeping
-// Leases nil until some limit leases.
-func (r *Rule) addLease(j int, ls Lease) { r.Leases = addPer(r.Leases, j, ls) }
-
-// addPer returns per, a slice with one entry per limit, with v appended as the entry
-// of limit j (decoded in order); per stays nil until some entry is not the zero value.
-func addPer[T comparable](per []T, j int, v T) []T {
-	var zero T
-	if per == nil && v == zero {
-		return nil
-	}
-	if per == nil {
-		per = make([]T, j)
-	}
-	return append(per, v)
-}
-
 // Bounds of a limit's replicas field (algo.Replicas).
 const (
 	MaxReplicas        = 10
@@ -323,20 +320,13 @@ const (
 	MaxReplicasTimeout = time.Second
 )
 
-// MeterLease returns the lease of the rule's meter i (an index into Meters), or the
-// zero Lease.
-func (r *Rule) MeterLease(i int) Lease {
-	if i >= len(r.meterLease) {
-		return Lease{}
-	}
-	return r.meterLease[i]
-}
-
 // Leasing reports whether some limit of the policy is served from leases.
 func (p *Policy) Leasing() bool {
 	for _, r := range p.Rules {
-		if r.Leases != nil {
-			return true
+		for _, l := range r.Limits {
+			if l.Lease != (Lease{}) {
+				return true
+			}
 		}
 	}
 	return false

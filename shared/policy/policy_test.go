@@ -84,14 +84,14 @@ func TestLoadShipped(t *testing.T) {
 	}
 	for i, w := range want {
 		r := p.Rules[i]
-		if r.Name != w.name || !reflect.DeepEqual(r.MatchText(), w.match) || r.Shadow != w.shadow || !reflect.DeepEqual(r.Records, w.records) {
+		if r.Name != w.name || !reflect.DeepEqual(r.MatchText(), w.match) || r.Shadow != w.shadow || !reflect.DeepEqual(records(r), w.records) {
 			t.Errorf("Load(%q).Rules[%d] = %s %v shadow %v records %q, want %s %v shadow %v records %q",
-				shipped, i, r.Name, r.MatchText(), r.Shadow, r.Records, w.name, w.match, w.shadow, w.records)
+				shipped, i, r.Name, r.MatchText(), r.Shadow, records(r), w.name, w.match, w.shadow, w.records)
 		}
-		if !reflect.DeepEqual(r.Meters, w.meters) {
-			t.Errorf("Load(%q).Rules[%d].Meters = %v, want %v", shipped, i, r.Meters, w.meters)
+		if got := meters(r); !reflect.DeepEqual(got, w.meters) {
+			t.Errorf("Load(%q).Rules[%d].Meters = %v, want %v", shipped, i, got, w.meters)
 		}
-		for j, m := range r.Meters {
+		for j, m := range meters(r) {
 			if err := m.Validate(); err != nil {
 				t.Errorf("Load(%q).Rules[%d].Meters[%d].Validate() = %v, want nil", shipped, i, j, err)
 			}
@@ -185,9 +185,27 @@ rules:
 			{Algorithm: algo.BucketRing, Count: 50, Period: 10 * time.Second},
 		}},
 	}
-	if !reflect.DeepEqual(r.Meters, wantMeters) {
-		t.Errorf("Parse() meters = %v, want %v", r.Meters, wantMeters)
+	if got := meters(r); !reflect.DeepEqual(got, wantMeters) {
+		t.Errorf("Parse() meters = %v, want %v", got, wantMeters)
 	}
+}
+
+// meters returns the algo.Meter of each meter of r.
+func meters(r *policy.Rule) []algo.Meter {
+	var out []algo.Meter
+	for _, m := range r.Meters {
+		out = append(out, m.Meter)
+	}
+	return out
+}
+
+// records returns the attribute each limit of r records, "" for none.
+func records(r *policy.Rule) []string {
+	var out []string
+	for _, l := range r.Limits {
+		out = append(out, l.Record)
+	}
+	return out
 }
 
 // problems returns the problems of a *ValidationError as "path: msg" lines, or the
@@ -584,8 +602,8 @@ func TestMeterLease(t *testing.T) {
 		t.Fatalf("%d meters, want %d", len(r.Meters), len(want))
 	}
 	for i, w := range want {
-		if got := r.MeterLease(i); got != w {
-			t.Errorf("MeterLease(%d) = %+v, want %+v (meter %v)", i, got, w, r.Meters[i].Limits)
+		if got := r.Meters[i].Lease; got != w {
+			t.Errorf("Meters[%d].Lease = %+v, want %+v (meter %v)", i, got, w, r.Meters[i].Meter.Limits)
 		}
 	}
 	if !p.Leasing() {
@@ -595,8 +613,8 @@ func TestMeterLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if plain.Leasing() || plain.Rules[0].Leases != nil {
-		t.Errorf("a policy without leases: Leasing() = %v, Leases = %v; want false, nil", plain.Leasing(), plain.Rules[0].Leases)
+	if l := plain.Rules[0].Limits[0]; plain.Leasing() || l.Lease != (policy.Lease{}) {
+		t.Errorf("a policy without leases: Leasing() = %v, Limits[0].Lease = %+v; want false, none", plain.Leasing(), l.Lease)
 	}
 }
 
@@ -623,15 +641,15 @@ rules:
 		t.Fatalf("Parse() = %d meters, want %d", len(r.Meters), len(want))
 	}
 	for i, w := range want {
-		if got := r.Meters[i].Replicas; got != w {
-			t.Errorf("Meters[%d].Replicas = %+v, want %+v (meter %v)", i, got, w, r.Meters[i].Limits)
+		if got := r.Meters[i].Meter.Replicas; got != w {
+			t.Errorf("Meters[%d].Replicas = %+v, want %+v (meter %v)", i, got, w, r.Meters[i].Meter.Limits)
 		}
 	}
 	plain, err := policy.Parse([]byte("domain: d\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if plain.Rules[0].Replicas != nil {
-		t.Errorf("a policy without replicas: Replicas = %v, want nil", plain.Rules[0].Replicas)
+	if got := plain.Rules[0].Limits[0].Replicas; got != (algo.Replicas{}) {
+		t.Errorf("a policy without replicas: Limits[0].Replicas = %+v, want none", got)
 	}
 }

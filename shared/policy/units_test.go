@@ -26,8 +26,8 @@ func TestCalendarUnitsWithoutCalendar(t *testing.T) {
 			t.Errorf("rate: %s = %v, want %s's %v", tt.short, la, tt.long, lb)
 		}
 		attrs := map[string]string{}
-		if ka, kb := a.Match(attrs)[0].Keys, b.Match(attrs)[0].Keys; ka[0] != kb[0] {
-			t.Errorf("rate: %s has key %s, want %s's %s", tt.short, ka[0], tt.long, kb[0])
+		if ka, kb := a.Match(attrs)[0].Meters[0].Key, b.Match(attrs)[0].Meters[0].Key; ka != kb {
+			t.Errorf("rate: %s has key %s, want %s's %s", tt.short, ka, tt.long, kb)
 		}
 	}
 	for spelling, want := range map[string]time.Duration{

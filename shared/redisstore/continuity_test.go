@@ -28,7 +28,10 @@ func reloaded(t *testing.T, stores [2]decider, doc string, attrs map[string]stri
 	if len(ms) != 1 {
 		t.Fatalf("Match(%v) = %d rules, want 1", attrs, len(ms))
 	}
-	c := algo.Check{Keys: ms[0].Keys, Meters: ms[0].Meters, Cost: cost, NowMicros: now}
+	c := algo.Check{Cost: cost, NowMicros: now}
+	for _, mm := range ms[0].Meters {
+		c.Keys, c.Meters = append(c.Keys, mm.Key), append(c.Meters, mm.Meter)
+	}
 	var outs [2]algo.Outcome
 	for i, s := range stores {
 		if outs[i], err = s.Decide(context.Background(), c); err != nil {

@@ -323,8 +323,9 @@ func override(p *engine.Plan, pol *policy.Policy, d *rlv3.RateLimitDescriptor) e
 	identity := strings.Join(esc, ":")
 	// The count is in the key: two overrides of one descriptor never share a count
 	// (algo.MeterID leaves it out, so that a policy's limit keeps its state).
-	key := algo.Key(pol.Prefix, OverrideRule+":"+identity, OverrideRule, identity, algo.MeterID(0, m)+"."+strconv.FormatInt(l.Count, 10))
-	p.Only(engine.Item{Key: key, Meter: m, Rule: &policy.Rule{Name: OverrideRule, Limits: m.Limits, Meters: []algo.Meter{m}}})
+	id := algo.MeterID(0, m) + "." + strconv.FormatInt(l.Count, 10)
+	key := algo.Key(pol.Prefix, OverrideRule+":"+identity, OverrideRule, identity, id)
+	p.Only(engine.Item{Key: key, Meter: m, Rule: &policy.Rule{Name: OverrideRule, Limits: []policy.RuleLimit{{Limit: l}}, Meters: []policy.RuleMeter{{Meter: m, ID: id}}}})
 	return nil
 }
 
