@@ -338,7 +338,6 @@ func (e *Engine) decideLeased(ctx context.Context, p Plan, now int64) (Verdict, 
 			undo()
 			return e.failureMode(ctx, p, now, err), true
 		}
-		e.remember(sub, e.verdict(sub, so), now)
 		out.Allowed, out.NowMicros = so.Allowed, so.NowMicros
 		for k, i := range rest {
 			out.Decisions[i] = so.Decisions[k]
@@ -347,7 +346,11 @@ func (e *Engine) decideLeased(ctx context.Context, p Plan, now int64) (Verdict, 
 			undo()
 		}
 	}
-	return e.verdict(p, out), true
+	v := e.verdict(p, out)
+	// A denial came from the store: remember it with what every item said, the
+	// leased ones included, so that the deny cache can answer the whole request.
+	e.remember(p, v, now)
+	return v, true
 }
 
 // leased reports whether some item of p leases.

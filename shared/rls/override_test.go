@@ -10,9 +10,6 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tollgate-dev/tollgate/shared/engine"
-	"github.com/tollgate-dev/tollgate/shared/policy"
-	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 	"github.com/tollgate-dev/tollgate/shared/rls"
 )
@@ -25,25 +22,13 @@ import (
 func TestOverrideIgnoresLeases(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartServer(t)
-	p, err := policy.Parse([]byte(`domain: rl
+	eng := policyEngine(t, "redis://"+srv.Addr, false, `domain: rl
 failure: {timeout: 2s}
 rules:
   - name: per-key
     match: {api_key: "*"}
     limits: [{algorithm: fixed_window, rate: 1000/min, lease: {units: 10, for: 1s}}]
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := redisstore.Open(redisstore.Config{URL: "redis://" + srv.Addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	eng, err := engine.New(engine.Config{Policy: p, Store: st})
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	c := serve(t, rls.New(eng, nil))
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { rdb.Close() })

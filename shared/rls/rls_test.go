@@ -42,7 +42,13 @@ func client(t *testing.T, url string, cluster bool) rlsv3.RateLimitServiceClient
 // testEngine returns an engine of testPolicy on a real Redis at url.
 func testEngine(t *testing.T, url string, cluster bool) *engine.Engine {
 	t.Helper()
-	p, err := policy.Parse([]byte(testPolicy))
+	return policyEngine(t, url, cluster, testPolicy)
+}
+
+// policyEngine returns an engine of the policy doc on a real Redis at url.
+func policyEngine(t *testing.T, url string, cluster bool, doc string) *engine.Engine {
+	t.Helper()
+	p, err := policy.Parse([]byte(doc))
 	if err != nil {
 		t.Fatal(err)
 	}
