@@ -129,8 +129,9 @@ func (h *httpContext) decide(numHeaders, bodySize int) types.Action {
 		}
 	}
 	switch {
-	case status == "200":
-		return h.allowed(headers, answer)
+	case status == "200": // allowed: the request goes on, now or after the shaping delay
+		h.respHeaders = pick(headers, rateLimitHeaders)
+		return h.admit(answer.delay, answer.rule)
 	case status == "429":
 		return h.denied(headers, answer)
 	case status == "503" && unavailableVerdict(answer):
@@ -146,12 +147,6 @@ func (h *httpContext) decide(numHeaders, bodySize int) types.Action {
 		}
 		return h.failureMode(reason)
 	}
-}
-
-// allowed handles a 200: the request goes on, now or after the shaping delay.
-func (h *httpContext) allowed(headers [][2]string, answer answerBody) types.Action {
-	h.respHeaders = pick(headers, rateLimitHeaders)
-	return h.admit(answer.delay, answer.rule)
 }
 
 // admit lets the request go on after delay, holding it meanwhile. A delay beyond

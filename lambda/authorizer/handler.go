@@ -134,10 +134,8 @@ func (h *Handler) Handle(ctx context.Context, raw []byte) (any, error) {
 		h.metrics.record(start, "none", resultError, false, false)
 		return nil, fmt.Errorf("authorizer: decide: %w", err)
 	}
-	if !r.identity && r.principal == anonymous {
-		if plan.Client != "" {
-			r.principal = plan.Client
-		}
+	if !r.identity && r.principal == anonymous && plan.Client != "" {
+		r.principal = plan.Client
 	}
 	if unauthorized(r, plan) {
 		h.log.Info("unauthorized: no API key or token, and no rule limits the request without one",
@@ -265,12 +263,16 @@ func (m *metrics) reloaded(result string) {
 	if m == nil || result == reload.Unchanged {
 		return
 	}
-	err := m.emf.Write(emf.Line{
+	m.write(emf.Line{
 		Time:       time.Now(),
 		Properties: map[string]string{"Function": m.function, "Result": result},
 		Directives: []emf.Directive{{Dimensions: [][]string{{"Function", "Result"}}, Metrics: []emf.Metric{{Name: "PolicyReloads", Unit: emf.Count, Value: 1}}}},
 	})
-	if err != nil && m.log != nil {
+}
+
+// write writes one EMF line, logging a failure.
+func (m *metrics) write(l emf.Line) {
+	if err := m.emf.Write(l); err != nil && m.log != nil {
 		m.log.Warn("cannot write metrics", "err", err)
 	}
 }
@@ -290,7 +292,7 @@ func (m *metrics) record(start time.Time, rule, result string, degraded, addrFal
 		fallbacks = 1
 	}
 	now := time.Now()
-	err := m.emf.Write(emf.Line{
+	m.write(emf.Line{
 		Time:       now,
 		Properties: map[string]string{"Function": m.function, "Rule": rule, "Result": result},
 		Directives: []emf.Directive{
@@ -302,7 +304,4 @@ func (m *metrics) record(start time.Time, rule, result string, degraded, addrFal
 			}},
 		},
 	})
-	if err != nil && m.log != nil {
-		m.log.Warn("cannot write metrics", "err", err)
-	}
 }

@@ -15,7 +15,7 @@ import (
 // The filter's figures come from its own benchmarks (wasmfilter/bench_test.go), run
 // with `go test -bench` so that CI and the bench measure the same code: the module's
 // size, a VM's start, the CPU time per request in wazero, the linear memory after
-// 1,000 and after all requests, and encoding/json weighed against shared/jsonv.
+// 1,000 and after all requests, and encoding/json weighed against wasmfilter/internal/jsonv.
 
 // A filterRow is one benchmark of the filter: its metrics (ns/op, allocs/op,
 // module-bytes, …), each the median of the runs.
@@ -127,8 +127,8 @@ func filterSection(b *bytes.Buffer, r *results) {
 		return
 	}
 	fmt.Fprintf(b, "\n## The Envoy filter (compiled to wasm, run in wazero)\n\n")
-	fmt.Fprintf(b, "From `go test -run '^$' -bench 'VMStart|Request|JSONReader' ./wasmfilter/` (`wasmfilter/bench_test.go`), in `wasmhost` on wazero's compiler; each figure is the median of %d runs. "+
-		"**jsonv** is the filter as shipped (it reads the callout answers with `shared/jsonv`), **encjson** the same filter built with `-tags encjson`, which reads them with `encoding/json`. "+
+	fmt.Fprintf(b, "From `go test -run '^$' -bench 'VMStart|Request|JSONReader' ./wasmfilter/` (`wasmfilter/bench_test.go`), in `wasmfilter/internal/wasmhost` on wazero's compiler; each figure is the median of %d runs. "+
+		"**jsonv** is the filter as shipped (it reads the callout answers with `wasmfilter/internal/jsonv`), **encjson** the same filter built with `-tags encjson`, which reads them with `encoding/json`. "+
 		"A request is its headers (attributes, deny-cache lookup, the callout's body), the callout answered at once by the host (no network), the response's headers and the end of the stream; its time includes wasmhost's side of each host call, and allocs/op are the host's, not the guest's. "+
 		"The mix: %s.\n\n", r.Meta.FilterCount, "10,000 distinct API keys, three allowed, one denied by the service (local 429, cached) and one answered from the deny cache in every five requests")
 	fmt.Fprintf(b, "| reader | module | compile (once) | instantiate + vm_start + plugin start | linear memory at start |\n| --- | ---: | ---: | ---: | ---: |\n")

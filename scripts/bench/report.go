@@ -73,7 +73,7 @@ func peer(subject string) string {
 	return "redis_rate"
 }
 
-// A target is one of issue 7's goals, evaluated on this run.
+// A target is one of the performance goals, evaluated on this run.
 type target struct {
 	Goal     string
 	Measured string
@@ -118,7 +118,7 @@ func thr(v float64) string {
 	}
 }
 
-// targets evaluates the issue's goals on the distinct-clients key set (the deny
+// targets evaluates the performance goals on the distinct-clients key set (the deny
 // cache on the hot client).
 func (r *results) targets() []target {
 	var ts []target
@@ -235,7 +235,7 @@ func reportMarkdown(r *results) []byte {
 	fmt.Fprintf(&b, "- Method: every contender runs on the same redis-server (loopback, no persistence) and the same go-redis client options (tollgate's `redisstore.Config`: retries off, pool of %d connections). Each cell is %d rounds of %s measured (after %s of warm-up) with N workers in a closed loop; the rounds of all contenders are interleaved, so a burst of load from elsewhere slows them alike, and a cell's throughput is the median of its rounds. Key sets: **distinct** = %d clients round robin, **hot** = one client. Latency is per decision over all rounds (HdrHistogram, 3 significant digits). Allocations are the whole process's (`runtime.MemStats`) per decision; Redis time is `INFO commandstats` (script time) and `INFO cpu` (the process, sockets included).\n", m.PoolSize, m.Rounds, m.Duration, m.Warmup, m.Clients)
 	fmt.Fprintf(&b, "- Elsewhere: %s\n\n", elsewhere)
 
-	fmt.Fprintf(&b, "## Targets (issue 7)\n\n| goal | measured | result |\n| --- | --- | --- |\n")
+	fmt.Fprintf(&b, "## Targets\n\n| goal | measured | result |\n| --- | --- | --- |\n")
 	for _, t := range r.targets() {
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", t.Goal, t.Measured, t.Status)
 	}

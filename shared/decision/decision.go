@@ -173,7 +173,6 @@ func ParseCheckRequest(body []byte) (engine.Request, *ErrorResponse) {
 	if cr.Cost != nil {
 		r.Cost = *cr.Cost
 	}
-	// Its bounds (package bounds) are the engine's to check, once for every front door.
 	return r, nil
 }
 
@@ -260,12 +259,8 @@ func (h *handler) check(w http.ResponseWriter, r *http.Request) {
 	}
 	v, err := h.eng.Check(r.Context(), req)
 	if err != nil {
-		if errors.Is(err, engine.ErrBadRequest) {
-			writeJSON(w, http.StatusBadRequest, badRequest(err))
-			return
-		}
-		h.log.Error("check failed", "err", err)
-		writeJSON(w, http.StatusInternalServerError, ErrorResponse{Error: "internal error"})
+		// Only a caller's mistake: the failure mode answers a store failure.
+		h.writeEngineError(w, err)
 		return
 	}
 	status := http.StatusOK
@@ -396,11 +391,10 @@ func (h *handler) admin(next http.HandlerFunc) http.HandlerFunc {
 
 // StateResponse is the body of a /v1/state answer.
 type StateResponse struct {
-	Domain string         `json:"domain"`
-	Limits []LimitState   `json:"limits"`
-	Check  CheckResponse  `json:"check"`
-	Keys   []string       `json:"keys"`
-	Extra  map[string]any `json:"-"`
+	Domain string        `json:"domain"`
+	Limits []LimitState  `json:"limits"`
+	Check  CheckResponse `json:"check"`
+	Keys   []string      `json:"keys"`
 }
 
 // LimitState is one meter's state with its recorded values.
@@ -497,7 +491,7 @@ func (h *handler) writeEngineError(w http.ResponseWriter, err error) {
 		writeJSON(w, http.StatusBadRequest, badRequest(err))
 		return
 	}
-	h.log.Error("admin request failed", "err", err)
+	h.log.Error("request failed", "err", err)
 	writeJSON(w, http.StatusServiceUnavailable, ErrorResponse{Error: "store unavailable: " + err.Error()})
 }
 

@@ -42,28 +42,20 @@ func newDenyCache(max int) *denyCache {
 	return &denyCache{entries: make(map[string]denial), max: max}
 }
 
-func (c *denyCache) get(key string, now int64) (denial, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	d, ok := c.entries[key]
-	if !ok {
-		return denial{}, false
-	}
-	if d.until <= now {
-		delete(c.entries, key)
-		return denial{}, false
-	}
-	return d, true
-}
-
 // denies returns the denial of key at now if a request of cost would meet it: the
 // deny cache's entries answer requests that cost at least as much as the one denied.
-// A nil cache knows nothing.
+// An expired entry is dropped. A nil cache knows nothing.
 func (c *denyCache) denies(key string, cost, now int64) (denial, bool) {
 	if c == nil {
 		return denial{}, false
 	}
-	d, ok := c.get(key, now)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.entries[key]
+	if ok && d.until <= now {
+		delete(c.entries, key)
+		ok = false
+	}
 	if !ok || cost < d.cost {
 		return denial{}, false
 	}
@@ -160,34 +152,26 @@ func (den denial) verdict(p Plan, now int64) (Verdict, bool) {
 	return v, true
 }
 
-// remember puts the key that denied a request in the deny cache, until its retry.
-func (e *Engine) remember(p Plan, v Verdict, now int64) {
-	e.rememberIn(p.cur.deny, p, v, now)
-}
-
-// rememberIn puts the key whose limit denied verdict v of plan p in deny (if not
+// remember puts the key whose limit denied verdict v of plan p in the cache (if not
 // nil), until its retry, with what v says of every key of p.
-func (e *Engine) rememberIn(deny *denyCache, p Plan, v Verdict, now int64) {
-	if deny == nil || v.Allowed {
+func (c *denyCache) remember(p Plan, v Verdict, now int64) {
+	if c == nil || v.Allowed {
 		return
 	}
-	var s *seen
 	for _, l := range v.Limits {
-		it := p.Items[l.Item]
 		if l.Shadow || l.Allowed || l.RetryAfter <= 0 || p.Cost > l.Spec.Capacity() {
 			// A cost above the capacity is denied whatever the state: nothing to
 			// remember about the key.
 			continue
 		}
-		if s == nil {
-			s = &seen{at: now, byKey: make(map[string][]LimitResult, len(p.Items)), denied: it.Key}
-			for _, r := range v.Limits {
-				k := p.Items[r.Item].Key
-				s.byKey[k] = append(s.byKey[k], r)
-			}
+		key := p.Items[l.Item].Key
+		s := &seen{at: now, byKey: make(map[string][]LimitResult, len(p.Items)), denied: key}
+		for _, r := range v.Limits {
+			k := p.Items[r.Item].Key
+			s.byKey[k] = append(s.byKey[k], r)
 		}
 		// The store's clock decided; count the retry from ours.
-		deny.put(it.Key, denial{until: now + int64(l.RetryAfter/time.Microsecond), cost: p.Cost, seen: s}, now)
-		break
+		c.put(key, denial{until: now + int64(l.RetryAfter/time.Microsecond), cost: p.Cost, seen: s}, now)
+		return
 	}
 }

@@ -538,8 +538,15 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 	if err := validate(pol, r); err != nil {
 		return Plan{}, err
 	}
-	attrs := r.Attributes
-	cloned := false // attrs is the engine's own copy, not the caller's map
+	attrs, own := r.Attributes, false
+	edit := func() { // attrs becomes the engine's own copy: the caller's map is never modified
+		if !own {
+			attrs, own = maps.Clone(attrs), true
+			if attrs == nil {
+				attrs = map[string]string{}
+			}
+		}
+	}
 	p := Plan{Domain: r.Domain, Cost: r.Cost, cur: cur}
 	if ra, ok := attrs[RemoteAddress]; ok {
 		p.Client, p.AddressFellBack = identity.Address(ra, attrs[ForwardedFor], pol.Identity)
@@ -547,9 +554,8 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 			e.hooks.IdentityFallback()
 		}
 		if p.Client != ra {
-			attrs = maps.Clone(attrs)
+			edit()
 			attrs[RemoteAddress] = p.Client
-			cloned = true
 		}
 	}
 	if pl := pol.Plans; pl != nil {
@@ -559,12 +565,7 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 		}
 		// Only the table says a key's plan: a value the request carried goes.
 		if have, has := attrs[pl.Attribute]; have != plan || has && plan == "" {
-			if !cloned {
-				attrs = maps.Clone(attrs)
-				if attrs == nil {
-					attrs = map[string]string{}
-				}
-			}
+			edit()
 			if plan == "" {
 				delete(attrs, pl.Attribute)
 			} else {
@@ -626,7 +627,7 @@ func (e *Engine) decide(ctx context.Context, p Plan, start time.Time) Verdict {
 		return e.failureMode(ctx, p, now, err)
 	}
 	v := e.verdict(p, out)
-	e.remember(p, v, now)
+	p.cur.deny.remember(p, v, now)
 	return v
 }
 

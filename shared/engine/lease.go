@@ -85,7 +85,7 @@ type lease struct {
 	key         string
 	meter       algo.Meter
 	terms       policy.Lease
-	reservation int64 // what a reservation charges: Units and the margin (cost)
+	reservation int64 // what a reservation charges: Units, and for a bucket the margin of its refill over For (policy.Lease.Margin), never given back
 
 	mu        sync.Mutex
 	gen       uint64 // counts reservations, so units go back only where they came from
@@ -247,7 +247,7 @@ func (e *Engine) takeLease(ctx context.Context, p Plan, i int, l *lease) (taken,
 				return taken{}, false, nil
 			}
 		}
-		if _, denied := known.denies(l.key, l.cost(), now); denied {
+		if _, denied := known.denies(l.key, l.reservation, now); denied {
 			l.mu.Unlock()
 			return taken{}, false, nil
 		}
@@ -269,21 +269,17 @@ func (e *Engine) takeLease(ctx context.Context, p Plan, i int, l *lease) (taken,
 	}
 }
 
-// cost is what a reservation charges: its units, and for a bucket the margin of its
-// refill over For (policy.Lease.Margin), which is never given back.
-func (l *lease) cost() int64 { return l.reservation }
-
-// reserve charges a reservation (l.cost) on the lease's key and, when the store
+// reserve charges a reservation (l.reservation) on the lease's key and, when the store
 // grants it, makes its units the lease's. A denial is remembered in the deny cache.
 func (e *Engine) reserve(ctx context.Context, p Plan, i int, l *lease) (bool, error) {
-	r := Plan{Domain: p.Domain, Cost: l.cost(), Items: []Item{p.Items[i]}, cur: p.cur}
+	r := Plan{Domain: p.Domain, Cost: l.reservation, Items: []Item{p.Items[i]}, cur: p.cur}
 	sent := e.clock().UnixMicro()
 	out, err := e.decideInStore(ctx, p.cur.pol, r.Check())
 	if err != nil {
 		return false, err
 	}
 	if !out.Allowed {
-		e.rememberIn(p.cur.known, r, e.verdict(r, out), sent)
+		p.cur.known.remember(r, e.verdict(r, out), sent)
 		return false, nil
 	}
 	charged := out.NowMicros
@@ -349,7 +345,7 @@ func (e *Engine) decideLeased(ctx context.Context, p Plan, now int64) (Verdict, 
 	v := e.verdict(p, out)
 	// A denial came from the store: remember it with what every item said, the
 	// leased ones included, so that the deny cache can answer the whole request.
-	e.remember(p, v, now)
+	p.cur.deny.remember(p, v, now)
 	return v, true
 }
 

@@ -109,8 +109,8 @@ func BenchmarkDecideParallel(b *testing.B) {
 // BenchmarkScriptCost measures what one call costs Redis itself (INFO commandstats
 // usec per call, reported as redis-µs/call): the ceiling, redis_rate's GCRA, and an
 // FCALL of tollgate's decide entry per algorithm. Commands are sent in pipelines of
-// 100 to keep the client out of the measurement. scripts/bench's script-cost section
-// makes the same comparison through Store.Decide.
+// 100 to keep the client out of the measurement. make bench's report points here for
+// Redis's own cost per call.
 func BenchmarkScriptCost(b *testing.B) {
 	srv := redistest.StartServer(b)
 	s := openStore(b, srv.URL(), false)

@@ -61,6 +61,9 @@ const (
 	busOffset = 10000
 	// clusterTimeout bounds cluster creation and convergence.
 	clusterTimeout = 30 * time.Second
+	// sentinelTimeout bounds the wait for the Sentinels to see the group: longer
+	// than a Sentinel's TILT period (30 s).
+	sentinelTimeout = 60 * time.Second
 )
 
 // errPortInUse reports that a server could not have its port: the address

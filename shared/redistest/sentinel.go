@@ -109,8 +109,12 @@ func StartSentinel(t testing.TB, opts ...SentinelOption) *Sentinel {
 			t.Fatalf("redistest: start sentinel %d: %v", i, err)
 		}
 	}
+	// A Sentinel that a busy machine's scheduling put in TILT mode keeps its flags
+	// (a replica it saw as down) for 30 s before it looks again: wait beyond that.
+	sctx, scancel := context.WithTimeout(context.Background(), sentinelTimeout)
+	defer scancel()
 	for _, sn := range s.sentinels {
-		if err := waitFor(ctx, func() error { return s.knows(ctx, sn) }); err != nil {
+		if err := waitFor(sctx, func() error { return s.knows(sctx, sn) }); err != nil {
 			t.Fatalf("redistest: sentinel %s: %v", sn.Addr, err)
 		}
 	}
