@@ -292,19 +292,8 @@ func (p *parser) array(depth int) (Value, error) {
 			return Value{}, within("["+strconv.Itoa(len(v.elems))+"]", err)
 		}
 		v.elems = append(v.elems, e)
-		p.skipSpace()
-		if p.pos >= len(p.data) {
-			return Value{}, p.fail("expected ',' or ']' after an array element, found the end of the document")
-		}
-		switch p.data[p.pos] {
-		case ',':
-			p.pos++
-			p.skipSpace()
-		case ']':
-			p.pos++
-			return v, nil
-		default:
-			return Value{}, p.fail("expected ',' or ']' after an array element, found " + p.found())
+		if done, err := p.separator(']', "an array element"); err != nil || done {
+			return v, err
 		}
 	}
 }
@@ -357,21 +346,29 @@ func (p *parser) object(depth int) (Value, error) {
 		} else if index != nil {
 			index[key] = true
 		}
-		p.skipSpace()
-		if p.pos >= len(p.data) {
-			return Value{}, p.fail("expected ',' or '}' after an object member, found the end of the document")
-		}
-		switch p.data[p.pos] {
-		case ',':
-			p.pos++
-			p.skipSpace()
-		case '}':
-			p.pos++
-			return v, nil
-		default:
-			return Value{}, p.fail("expected ',' or '}' after an object member, found " + p.found())
+		if done, err := p.separator('}', "an object member"); err != nil || done {
+			return v, err
 		}
 	}
+}
+
+// separator reads what follows an element of an array or a member of an object
+// (what): a ',' before the next, or close, which ends it (done).
+func (p *parser) separator(close byte, what string) (done bool, err error) {
+	p.skipSpace()
+	if p.pos >= len(p.data) {
+		return false, p.fail("expected ',' or '" + string(close) + "' after " + what + ", found the end of the document")
+	}
+	switch p.data[p.pos] {
+	case ',':
+		p.pos++
+		p.skipSpace()
+		return false, nil
+	case close:
+		p.pos++
+		return true, nil
+	}
+	return false, p.fail("expected ',' or '" + string(close) + "' after " + what + ", found " + p.found())
 }
 
 // seen reports whether obj already has a member named key.
