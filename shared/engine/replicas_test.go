@@ -37,8 +37,8 @@ func TestReplicasPrice(t *testing.T) {
 		// A loaded machine must not turn answers into the failure mode's: this test
 		// measures the price of replicas, not the timeout.
 		// Nor may a replica's acknowledgement late by more than 50ms: WAIT returns as
-		// soon as the replica acknowledges, so a longer bound costs a healthy group nothing.
-		replicas = strings.Replace(replicas, "timeout: 50ms", "timeout: 5s", 1)
+		// soon as the replica acknowledges, so the longest bound (1s) costs a healthy group nothing.
+		replicas = strings.Replace(replicas, "timeout: 50ms", "timeout: 1s", 1)
 		p, err := policy.Parse(bytes.Replace(lostPolicy(replicas), []byte("timeout: 250ms"), []byte("timeout: 5s"), 1))
 		if err != nil {
 			t.Fatal(err)

@@ -40,6 +40,7 @@ func erlClient(t *testing.T, url string, cluster bool, configs ...[]byte) rlsv3.
 		if err != nil {
 			t.Fatalf("the translation of domain %s does not parse: %v\n%s", tr.Domain, err, tr.Policy)
 		}
+		patient(p)
 		eng, err := engine.New(engine.Config{Policy: p, Store: st})
 		if err != nil {
 			t.Fatal(err)
