@@ -27,7 +27,7 @@ func redisEngine(t *testing.T, doc []byte, url string, cluster bool) *engine.Eng
 		// check what the store decides, not the timeout.
 		p.Failure.Timeout = 5 * time.Second
 	}
-	st, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster})
+	st, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ import (
 // at url over gRPC on loopback.
 func erlClient(t *testing.T, url string, cluster bool, configs ...[]byte) rlsv3.RateLimitServiceClient {
 	t.Helper()
-	st, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster})
+	st, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

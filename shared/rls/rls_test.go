@@ -53,7 +53,7 @@ func policyEngine(t *testing.T, url string, cluster bool, doc string) *engine.En
 		t.Fatal(err)
 	}
 	patient(p)
-	st, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster})
+	st, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
