@@ -14,6 +14,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/policy"
+	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 )
 
@@ -27,7 +28,13 @@ import (
 // admission.
 func TestReplicasPrice(t *testing.T) {
 	s := redistest.StartSentinel(t)
-	store := openBatching(t, s.URL(), false)
+	// Each command may take a second: a WAIT of the replicas option's longest bound,
+	// and a loaded machine's slow reply, must not be cut short by the store's timeout.
+	store, err := redisstore.Open(redisstore.Config{URL: s.URL(), BatchWait: redisstore.DefaultBatchWait, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
 	const keys, workers, rounds = 30, 32, 3
 	phase := 1500 * time.Millisecond
 	modes := []string{"", durableReplicas}
