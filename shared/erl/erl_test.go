@@ -36,9 +36,10 @@ func TestTranslateRefuses(t *testing.T) {
 		{"domain: d\ndescriptors: [{key: k, rate_limit: {unlimited: true, replaces: [{name: x}]}}]\n", "an unlimited rate_limit with replaces is not supported"},
 		{"domain: d\ndescriptors: [{key: k, colour: red}]\n", "field colour not found"},
 		{"domain: d\ndescriptors: [{key: k, value: v}, {key: k, value: v}]\n", "appears twice"},
-		{"domain: d\ndescriptors: [{key: k}]\n", "no descriptor has a rate_limit"},
-		{"domain: d\ndescriptors: [{key: k, descriptors: [{key: k, value: v, rate_limit: {unit: second, requests_per_unit: 1}}]}]\n", `descriptors[0].descriptors[0]: key "k" is already a key of an enclosing descriptor`},
-		{"domain: d\ndescriptors: [{key: descriptor.keys, rate_limit: {unit: second, requests_per_unit: 1}}]\n", `key "descriptor.keys" is reserved`},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {unlimited: true, unit: day}}]\n", `unlimited and has unit "day"`},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {name: a, unit: second, requests_per_unit: 1, replaces: [{name: a}]}}]\n", `rate_limit "a" replaces itself`},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {name: a, unit: second, requests_per_unit: 1, replaces: [{name: ''}]}}]\n", `rate_limit.replaces[0] has no name`},
+		{"domain: d\ndescriptors: [{key: k, value: v, share_threshold: true, rate_limit: {unit: second, requests_per_unit: 1}}]\n", `value "v" has no "*"`},
 		{"domain: d\ndescriptors: [{key: K, descriptors: [{key: k-86be9a55, rate_limit: {unit: second, requests_per_unit: 1}}]}]\n", `keys "K" and "k-86be9a55" both become attribute "k-86be9a55"`},
 	} {
 		if _, err := erl.Translate([]byte(tt.doc)); err == nil || !strings.Contains(err.Error(), tt.want) {
