@@ -158,6 +158,9 @@ type Translation struct {
 	// package rls answers a descriptor that reaches one with ERL's remaining,
 	// 4294967295.
 	Unlimited []string
+	// Names maps each rule of Policy with a limit to the name of its rate_limit in
+	// the file ("" when it has none), which ERL answers as the limit's name.
+	Names map[string]string
 }
 
 // Translate turns one ERL configuration file into a tollgate policy document for its
@@ -206,10 +209,12 @@ func TranslateFiles(files []File, merge bool) ([]Translation, error) {
 		}
 		for i, ds := range r.Descriptors {
 			id := ds.Key + "\x00" + ds.Value
-			if other, dup := d.seen[id]; dup && other != f.Name {
+			if other, dup := d.seen[id]; dup {
 				return nil, fmt.Errorf("%s: erl: descriptors[%d]: key %q value %q is in %s too; keep it in one file", f.Name, i, ds.Key, ds.Value, other)
 			}
-			d.seen[id] = f.Name
+		}
+		for _, ds := range r.Descriptors {
+			d.seen[ds.Key+"\x00"+ds.Value] = f.Name
 		}
 		d.descriptors = append(d.descriptors, r.Descriptors...)
 	}
@@ -248,10 +253,14 @@ func translate(domain string, descriptors []descriptor) (Translation, error) {
 	if err != nil {
 		return Translation{}, err
 	}
-	tr := Translation{Domain: domain, Policy: t.document(domain), Replaces: replaces}
+	tr := Translation{Domain: domain, Policy: t.document(domain), Replaces: replaces, Names: map[string]string{}}
 	for _, r := range t.rules {
-		if r.limit == "" && !r.guardOnly {
+		switch {
+		case r.guardOnly:
+		case r.limit == "":
 			tr.Unlimited = append(tr.Unlimited, r.name)
+		default:
+			tr.Names[r.name] = r.erlName
 		}
 	}
 	return tr, nil

@@ -44,7 +44,7 @@ func erlClient(t *testing.T, url string, cluster bool, configs ...[]byte) rlsv3.
 		if err != nil {
 			t.Fatal(err)
 		}
-		domains[tr.Domain] = rls.Domain{Engine: eng, Replaces: tr.Replaces}
+		domains[tr.Domain] = rls.ERLDomain(tr, eng)
 	}
 	return serve(t, rls.NewDomains(domains, nil))
 }

@@ -183,6 +183,16 @@ type Domain struct {
 	// (erl.Translation.Unlimited): a descriptor one of them reaches answers
 	// 4294967295 remaining.
 	Unlimited []string
+	// Names, when set, maps a rule to the name a status gives its limit
+	// (erl.Translation.Names: the rate_limit's name in the file, or none); unset,
+	// a status names a limit as the RateLimit headers do.
+	Names map[string]string
+}
+
+// ERLDomain is the Domain of an envoyproxy/ratelimit configuration translated as tr
+// (package erl), decided by eng, which runs tr's policy.
+func ERLDomain(tr erl.Translation, eng *engine.Engine) Domain {
+	return Domain{Engine: eng, Replaces: tr.Replaces, Unlimited: tr.Unlimited, Names: tr.Names}
 }
 
 // New returns the service on eng.
@@ -280,7 +290,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	for g := range plans {
-		resp.Statuses[g] = descriptorStatus(v, joint, g, unlimited[g])
+		resp.Statuses[g] = descriptorStatus(v, joint, g, unlimited[g], dom.Names)
 	}
 	names := s.OneQuota
 	if s.EveryDescriptor {
@@ -402,7 +412,7 @@ func reaches(pol *policy.Policy, names []string, attrs map[string]string) bool {
 // no limit, and 4294967295 remaining when an unlimited rule reaches it. An
 // over-limit status has 0 remaining (tollgate charged nothing, so the count may still
 // have room for a smaller request; ERL reports 0).
-func descriptorStatus(v engine.Verdict, p engine.Plan, g int, unlimited bool) *rlsv3.RateLimitResponse_DescriptorStatus {
+func descriptorStatus(v engine.Verdict, p engine.Plan, g int, unlimited bool, names map[string]string) *rlsv3.RateLimitResponse_DescriptorStatus {
 	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 	in := func(l engine.LimitResult) bool { return p.Items[l.Item].In(g) }
 	i := v.MostRestrictive(in)
@@ -426,7 +436,11 @@ func descriptorStatus(v engine.Verdict, p engine.Plan, g int, unlimited bool) *r
 	if u, ok := calendarUnits[pick.Spec.Calendar.Unit]; ok {
 		unit, per = u, uint32(min(q, 1<<32-1))
 	}
-	st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: pick.Quota, RequestsPerUnit: per, Unit: unit}
+	name := pick.Quota
+	if names != nil {
+		name = names[pick.Rule]
+	}
+	st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: per, Unit: unit}
 	if pick.Allowed {
 		st.LimitRemaining = uint32(min(max(0, pick.Remaining), 1<<32-1))
 	}
