@@ -25,6 +25,18 @@ import (
 // at url over gRPC on loopback.
 func erlClient(t *testing.T, url string, cluster bool, configs ...[]byte) rlsv3.RateLimitServiceClient {
 	t.Helper()
+	return serve(t, erlService(t, url, cluster, configs...))
+}
+
+// erlServer is the service of the ERL configuration documents on a standalone Redis
+// at url.
+func erlServer(t *testing.T, url string, configs ...[]byte) *rls.Server {
+	t.Helper()
+	return erlService(t, url, false, configs...)
+}
+
+func erlService(t *testing.T, url string, cluster bool, configs ...[]byte) *rls.Server {
+	t.Helper()
 	st, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster})
 	if err != nil {
 		t.Fatal(err)
@@ -46,7 +58,7 @@ func erlClient(t *testing.T, url string, cluster bool, configs ...[]byte) rlsv3.
 		}
 		domains[tr.Domain] = rls.ERLDomain(tr, eng)
 	}
-	return serve(t, rls.NewDomains(domains, nil))
+	return rls.NewDomains(domains, nil)
 }
 
 func erlConfig(t *testing.T, name string) []byte {
@@ -337,4 +349,114 @@ descriptors:
 	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil {
 		t.Errorf("path:prefix=/admin (no rule): %v, %v; want OK with no limit", resp, err)
 	}
+}
+
+// TestERLWildcards serves wildcards at the end of a value (ERL's) and anywhere in it
+// (tollgate's reading of "*" beyond ERL's current release) over gRPC on a real Redis:
+// "*" stands for any run of characters; of wildcard siblings the first in the file
+// that matches wins, as in ERL; an exact value wins over any wildcard; without
+// share_threshold each value counts apart, with it all share one count.
+func TestERLWildcards(t *testing.T) {
+	t.Parallel()
+	conf := []byte(`domain: wild
+descriptors:
+  - {key: host, value: "api.*.example.com", rate_limit: {unit: minute, requests_per_unit: 3}}
+  - {key: host, value: "api.*", rate_limit: {unit: minute, requests_per_unit: 4}}
+  - {key: host, value: "*.example.com", share_threshold: true, rate_limit: {unit: minute, requests_per_unit: 5}}
+  - {key: host, value: "api.eu.example.com", rate_limit: {unit: minute, requests_per_unit: 6}}
+  - {key: path, value: "/v*/users/*/orders", rate_limit: {unit: minute, requests_per_unit: 7}}
+`)
+	c := erlClient(t, "redis://"+redistest.StartServer(t).Addr, false, conf)
+	ask := func(key, value string) (per, remaining uint32) {
+		t.Helper()
+		resp, err := c.ShouldRateLimit(context.Background(), request("wild", descriptor(key, value)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit(), resp.Statuses[0].GetLimitRemaining()
+	}
+	for _, tc := range []struct {
+		key, value string
+		per, rem   uint32
+	}{
+		{"host", "api.us.example.com", 3, 2},   // the first wildcard that matches
+		{"host", "api.us.example.com", 3, 1},   // its own count
+		{"host", "api.jp.example.com", 3, 2},   // a count per value
+		{"host", "api.us.example.org", 4, 3},   // the second
+		{"host", "www.example.com", 5, 4},      // share_threshold: one count
+		{"host", "cdn.example.com", 5, 3},      // … shared
+		{"host", "api.eu.example.com", 6, 5},   // the exact value
+		{"host", "web.example.org", 0, 0},      // none
+		{"path", "/v2/users/7/orders", 7, 6},   // two "*" in one value
+		{"path", "/v2/users/7/orders/1", 0, 0}, // anchored at the end
+		{"path", "/x/v2/users/7/orders", 0, 0}, // and at the start
+	} {
+		if per, rem := ask(tc.key, tc.value); per != tc.per || rem != tc.rem {
+			t.Errorf("%s=%s: %d per minute, %d remaining; want %d, %d", tc.key, tc.value, per, rem, tc.per, tc.rem)
+		}
+	}
+}
+
+// TestERLQuotaMode serves a quota_mode limit beside an ordinary one over gRPC on a
+// real Redis: as ERL's service answers, a quota_mode limit over its count is OK with
+// its limit and 0 remaining, and the request is not denied for it; the ordinary
+// limit still denies.
+func TestERLQuotaMode(t *testing.T) {
+	t.Parallel()
+	conf := []byte(`domain: quota
+descriptors:
+  - {key: tenant, quota_mode: true, rate_limit: {unit: hour, requests_per_unit: 2}}
+  - {key: user, rate_limit: {unit: hour, requests_per_unit: 4}}
+`)
+	c := erlClient(t, "redis://"+redistest.StartServer(t).Addr, false, conf)
+	for i := range 5 {
+		resp, err := c.ShouldRateLimit(context.Background(), request("quota", descriptor("tenant", "acme"), descriptor("user", "bob")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, quotaRem, userCode := rlsv3.RateLimitResponse_OK, uint32(max(0, 2-(i+1))), rlsv3.RateLimitResponse_OK
+		if i == 4 {
+			code, userCode = rlsv3.RateLimitResponse_OVER_LIMIT, rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if resp.OverallCode != code {
+			t.Errorf("request %d: %v, want %v", i+1, resp.OverallCode, code)
+		}
+		if i < 4 {
+			wantStatus(t, fmt.Sprintf("request %d tenant", i+1), resp.Statuses[0], rlsv3.RateLimitResponse_OK, 2, rlsv3.RateLimitResponse_RateLimit_HOUR, quotaRem)
+		}
+		if st := resp.Statuses[1]; st.GetCode() != userCode {
+			t.Errorf("request %d user: %v, want %v", i+1, st, userCode)
+		}
+	}
+}
+
+// TestERLUnlimitedAndDenied checks two of ERL's answers: an unlimited descriptor has
+// 4294967295 remaining and no limit, and a request denied for a cost above what
+// remains (hits_addend 6 against 5 per second) reports 0 remaining, though tollgate
+// charged nothing and 5 still remain for a smaller request.
+func TestERLUnlimitedAndDenied(t *testing.T) {
+	t.Parallel()
+	conf := []byte(`domain: d
+descriptors:
+  - {key: k, value: free, rate_limit: {unlimited: true}}
+  - {key: k, rate_limit: {unit: minute, requests_per_unit: 5}}
+`)
+	c := erlClient(t, "redis://"+redistest.StartServer(t).Addr, false, conf)
+	ctx := context.Background()
+	resp, err := c.ShouldRateLimit(ctx, request("d", descriptor("k", "free")))
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil || resp.Statuses[0].LimitRemaining != 1<<32-1 {
+		t.Errorf("unlimited: %v, %v; want OK, no limit, 4294967295 remaining", resp, err)
+	}
+	over := request("d", descriptor("k", "x"))
+	over.HitsAddend = 6
+	resp, err = c.ShouldRateLimit(ctx, over)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, "hits_addend 6 of 5", resp.Statuses[0], rlsv3.RateLimitResponse_OVER_LIMIT, 5, rlsv3.RateLimitResponse_RateLimit_MINUTE, 0)
+	resp, err = c.ShouldRateLimit(ctx, request("d", descriptor("k", "x")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, "then hits_addend 1 (the denied request charged nothing)", resp.Statuses[0], rlsv3.RateLimitResponse_OK, 5, rlsv3.RateLimitResponse_RateLimit_MINUTE, 4)
 }
