@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/erl"
 	"github.com/tollgate-dev/tollgate/shared/policy"
@@ -459,4 +461,55 @@ descriptors:
 		t.Fatal(err)
 	}
 	wantStatus(t, "then hits_addend 1 (the denied request charged nothing)", resp.Statuses[0], rlsv3.RateLimitResponse_OK, 5, rlsv3.RateLimitResponse_RateLimit_MINUTE, 4)
+}
+
+// TestERLGlobalModes sets envoyproxy/ratelimit's global SHADOW_MODE and QUOTA_MODE
+// (rls.ERLModes) on a service over gRPC on a real Redis: over the limit, shadow
+// answers OK with the statuses as they are, quota also makes each status OK, and
+// neither sends Retry-After.
+func TestERLGlobalModes(t *testing.T) {
+	t.Parallel()
+	for env, want := range map[string][2]bool{"SHADOW_MODE=true": {true, false}, "QUOTA_MODE=1": {false, true}, "": {}} {
+		k, v, _ := strings.Cut(env, "=")
+		shadow, quota, err := rls.ERLModes(func(n string) string {
+			if n == k {
+				return v
+			}
+			return ""
+		})
+		if err != nil || shadow != want[0] || quota != want[1] {
+			t.Errorf("ERLModes(%s) = %v, %v, %v; want %v", env, shadow, quota, err, want)
+		}
+	}
+	if _, _, err := rls.ERLModes(func(n string) string { return map[string]string{"QUOTA_MODE": "maybe"}[n] }); err == nil || !strings.Contains(err.Error(), "QUOTA_MODE") {
+		t.Errorf("ERLModes(QUOTA_MODE=maybe) = %v, want an error naming it", err)
+	}
+	conf := []byte("domain: g\ndescriptors:\n  - {key: k, rate_limit: {unit: hour, requests_per_unit: 1}}\n")
+	srv := redistest.StartServer(t)
+	for _, mode := range []string{"none", "shadow", "quota"} {
+		s := erlServer(t, "redis://"+srv.Addr, conf)
+		s.OneQuota = algo.OneQuotaNames{Limit: "RateLimit-Limit"}
+		s.Shadow, s.Quota = mode == "shadow", mode == "quota"
+		c := serve(t, s)
+		req := request("g", descriptor("k", mode))
+		req.HitsAddend = 2
+		resp, err := c.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, stCode := rlsv3.RateLimitResponse_OVER_LIMIT, rlsv3.RateLimitResponse_OVER_LIMIT
+		switch mode {
+		case "shadow":
+			code = rlsv3.RateLimitResponse_OK
+		case "quota":
+			code, stCode = rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK
+		}
+		retry := false
+		for _, h := range resp.ResponseHeadersToAdd {
+			retry = retry || h.Key == "Retry-After"
+		}
+		if resp.OverallCode != code || resp.Statuses[0].GetCode() != stCode || resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() != 1 || retry != (mode == "none") {
+			t.Errorf("%s: %v, want %v, status %v, Retry-After %v", mode, resp, code, stCode, mode == "none")
+		}
+	}
 }

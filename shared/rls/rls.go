@@ -81,6 +81,11 @@ type Server struct {
 	// limit, in the order of the descriptors, in place of once for the deciding
 	// limit (see ERLEveryDescriptor). Set it before serving.
 	EveryDescriptor bool
+	// Shadow answers OK every request a limit denies, its statuses as they are
+	// (envoyproxy/ratelimit's global SHADOW_MODE); Quota also makes each status over
+	// its limit OK (its global QUOTA_MODE). A request passed so was charged nothing,
+	// as any denied request. See ERLModes. Set them before serving.
+	Shadow, Quota bool
 
 	unknown unknownDomains
 }
@@ -122,6 +127,24 @@ func (u *unknownDomains) add(log *slog.Logger, domain string) {
 		}
 	}
 	u.counter.WithLabelValues(label).Inc()
+}
+
+// ERLModes reads envoyproxy/ratelimit's global SHADOW_MODE and QUOTA_MODE through
+// getenv, for Server.Shadow and Server.Quota.
+func ERLModes(getenv func(string) string) (shadow, quota bool, err error) {
+	for _, f := range []struct {
+		env string
+		dst *bool
+	}{{"SHADOW_MODE", &shadow}, {"QUOTA_MODE", &quota}} {
+		v := getenv(f.env)
+		if v == "" {
+			continue
+		}
+		if *f.dst, err = strconv.ParseBool(v); err != nil {
+			return false, false, fmt.Errorf("%s=%.64q: want true or false", f.env, v)
+		}
+	}
+	return shadow, quota, nil
 }
 
 // ERLEveryDescriptor reads LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED through getenv, the
@@ -301,6 +324,16 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	if s.EveryDescriptor {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, everyDescriptor(resp.Statuses, s.OneQuota)...)
+	}
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT && (s.Shadow || s.Quota) {
+		// Passed: no Retry-After on an answer that lets the request through.
+		resp.OverallCode = rlsv3.RateLimitResponse_OK
+		resp.ResponseHeadersToAdd = slices.DeleteFunc(resp.ResponseHeadersToAdd, func(h *commonv3.HeaderValue) bool { return h.Key == "Retry-After" })
+		for _, st := range resp.Statuses {
+			if s.Quota && st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+				st.Code = rlsv3.RateLimitResponse_OK
+			}
+		}
 	}
 	return resp, nil
 }
