@@ -159,7 +159,7 @@ func td(entries ...string) lookup { return lookup{domain: "test-domain", entries
 // ask asks l of c and checks the answer as ERL's service gives it: the limit, or OK
 // with none; then, for a limit, a request of hits_addend one above it, which ERL
 // answers OVER_LIMIT with 0 remaining, or OK with 0 remaining for a shadow limit.
-// It returns the cases checked and failed.
+// Each answer checked is a case of n; one not asked (the first failed) fails too.
 func ask(t *testing.T, c rlsv3.RateLimitServiceClient, n *replayCounter, what string, l lookup) {
 	t.Helper()
 	d := descriptor(l.entries...)
@@ -167,6 +167,7 @@ func ask(t *testing.T, c rlsv3.RateLimitServiceClient, n *replayCounter, what st
 	resp, err := c.ShouldRateLimit(context.Background(), request(l.domain, d))
 	if err != nil {
 		n.check(t, false, "%s: %v", what, err)
+		n.skip(cases(l) - 1)
 		return
 	}
 	st := resp.Statuses[0]
@@ -183,6 +184,7 @@ func ask(t *testing.T, c rlsv3.RateLimitServiceClient, n *replayCounter, what st
 	got := st.GetCurrentLimit()
 	if !n.checked(t, resp.OverallCode == rlsv3.RateLimitResponse_OK && got.GetRequestsPerUnit() == l.want.per && got.GetUnit() == l.want.unit && got.GetName() == l.want.name && st.LimitRemaining == l.want.per-1,
 		"%s: %v, want OK under %d per %v named %q, %d remaining", what, resp, l.want.per, l.want.unit, l.want.name, l.want.per-1) {
+		n.skip(1)
 		return
 	}
 	// One above what remains: over it.
@@ -200,6 +202,17 @@ func ask(t *testing.T, c rlsv3.RateLimitServiceClient, n *replayCounter, what st
 	}
 	n.check(t, resp.OverallCode == code && st.GetCode() == code && st.GetCurrentLimit().GetRequestsPerUnit() == l.want.per && st.LimitRemaining == 0,
 		"%s, %d hits more: %v, want %v with the limit and 0 remaining (shadow_mode %v)", what, l.want.per, resp, code, l.want.shadow)
+}
+
+// skip counts k cases that could not be asked as failed.
+func (c *replayCounter) skip(k int) { c.cases, c.failed = c.cases+k, c.failed+k }
+
+// cases is the number of answers ask checks for l: the limit, and over it.
+func cases(l lookup) int {
+	if l.want == nil || l.want.unlimited {
+		return 1
+	}
+	return 2
 }
 
 // checked is check that also returns ok.
@@ -304,7 +317,16 @@ func TestERLConfigLookups(t *testing.T) {
 			}
 			s, err := loadERL(erlFiles(t, g.files...), g.merge, st)
 			if err != nil {
-				t.Fatal(err)
+				// Every case of the group fails.
+				for _, l := range g.lookups {
+					n.skip(cases(l))
+				}
+				for _, kv := range g.shared {
+					n.skip(len(kv) / 2)
+				}
+				total.cases += n.cases
+				total.failed += n.failed
+				t.Fatalf("%s: %d cases not asked: %v", g.test, n.cases, err)
 			}
 			c := serve(t, s)
 			for i, l := range g.lookups {
