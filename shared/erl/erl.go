@@ -9,16 +9,17 @@
 // node the last entry reaches. tollgate keeps this:
 //
 //   - every node with a rate_limit becomes a rule matching the keys of its path,
-//     each to its value (exact, prefix, or "*" for the key alone), plus the
+//     each to its value (exact, a wildcard's pattern, or "*" for the key alone), plus the
 //     descriptor.keys attribute (the descriptor's keys in order, joined by ","), which
 //     the rls package sets, so that a rule applies only to descriptors of exactly its
 //     keys, as ERL's walk does;
 //   - a wildcard value ("foo*") keeps a count per value, {each: "foo*"}, or one
 //     shared count with share_threshold;
-//   - a more specific node takes the place of its less specific siblings: for each of
-//     the latter's rules an unlimited rule under the former replaces it, so that a
-//     request that reaches the specific node gets its limits, or none, never the
-//     generic one's.
+//   - a node takes the place of the siblings ERL's walk would not reach past it (an
+//     exact value's of the wildcards and the key alone, a wildcard's of the key alone
+//     and of the wildcards after it): for each of their rules an unlimited rule under
+//     it replaces it, so that a request that reaches the node gets its limits, or
+//     none, never a sibling's.
 //
 // ERL takes any domain and key; tollgate's names are narrower (lower case, a few
 // punctuation marks), so a domain or key they do not take is named in the policy by
@@ -38,7 +39,10 @@
 // tollgate's own extend a rate_limit: unit_multiplier (a window of several units) and
 // algorithm, with burst (another of tollgate's algorithms). ERL's replaces acts
 // across the descriptors of a request, so it is not in the policy but in
-// Translation.Replaces, which package rls applies.
+// Translation.Replaces, which package rls applies; so are the names of the unlimited
+// rules and ERL's names of the limits (Translation.Unlimited, Names), which its
+// answers carry. TranslateFiles loads a directory of files as ERL does, merging the
+// files of one domain when asked (ERL's MERGE_DOMAIN_CONFIG).
 package erl
 
 import (
