@@ -116,6 +116,12 @@ func TestERLIntegrationScenarios(t *testing.T) {
 			}
 			wantStatus(t, "basic key1", resp.Statuses[0], ok, 50, rlsv3.RateLimitResponse_RateLimit_SECOND, 49)
 
+			// basic/foo_unknown_domain: a domain no file defines is OK with no limit.
+			resp, err = c.ShouldRateLimit(ctx, request("foo", descriptor("key1", "foo")))
+			if err != nil || resp.OverallCode != ok || resp.Statuses[0].CurrentLimit != nil {
+				t.Errorf("unknown domain foo: %v, %v; want OK with no limit", resp, err)
+			}
+
 			// Over a 20 per minute limit on a fresh value.
 			v := fmt.Sprint(time.Now().UnixNano())
 			for i := range 25 {
