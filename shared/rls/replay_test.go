@@ -33,7 +33,7 @@ import (
 const erlConfigDir = "../erl/testdata/erl-config"
 
 // erlFiles reads ERL's test files named.
-func erlFiles(t *testing.T, names ...string) []erl.File {
+func erlFiles(t testing.TB, names ...string) []erl.File {
 	t.Helper()
 	var fs []erl.File
 	for _, n := range names {
