@@ -432,8 +432,6 @@ func (t *translator) rateLimit(at string, path []step, rl *rateLimit, shadow boo
 			return fmt.Errorf("erl: %s: rate_limit.replaces[%d] has no name; name the rate_limit it replaces, or remove the entry", at, k)
 		case rp.Name == rl.Name:
 			return fmt.Errorf("erl: %s: rate_limit %q replaces itself; a limit replaces others, so remove %q from its replaces", at, rl.Name, rp.Name)
-		case rl.Unlimited:
-			return fmt.Errorf("erl: %s: an unlimited rate_limit with replaces is not supported yet; give it a limit, or replace from a limited rate_limit", at)
 		}
 		r.erlReplaces = append(r.erlReplaces, rp.Name)
 	}

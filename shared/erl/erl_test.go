@@ -35,7 +35,7 @@ func TestTranslateRefuses(t *testing.T) {
 		{"domain: d\ndescriptors: [{key: k, rate_limit: {unit: fortnight, requests_per_unit: 5}}]\n", "unit of second, minute, hour, day, week, month or year"},
 		{"domain: d\ndescriptors: [{key: k, rate_limit: {unit: second}}]\n", "requests_per_unit above 0"},
 		{"domain: d\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: x}]}}]\n", `replaces "x", which no rate_limit of the file is named`},
-		{"domain: d\ndescriptors: [{key: k, rate_limit: {unlimited: true, replaces: [{name: x}]}}]\n", "an unlimited rate_limit with replaces is not supported"},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {unlimited: true, replaces: [{name: x}]}}]\n", `replaces "x", which no rate_limit of the file is named`},
 		{"domain: d\ndescriptors: [{key: k, colour: red}]\n", "field colour not found"},
 		{"domain: d\ndescriptors: [{key: k, value: v}, {key: k, value: v}]\n", "appears twice"},
 		{"domain: d\ndescriptors: [{key: k, rate_limit: {unlimited: true, unit: day}}]\n", `unlimited and has unit "day"`},

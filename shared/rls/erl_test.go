@@ -519,3 +519,41 @@ func TestERLGlobalModes(t *testing.T) {
 		}
 	}
 }
+
+// TestERLUnlimitedReplaces sends a descriptor that reaches an unlimited limit which
+// replaces another descriptor's limit, as ERL allows: the replaced limit applies to
+// no descriptor of the request, and the unlimited one answers 4294967295 remaining.
+func TestERLUnlimitedReplaces(t *testing.T) {
+	t.Parallel()
+	conf := []byte(`domain: repl
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1, name: per-tenant}
+  - key: plan
+    value: unlimited
+    rate_limit: {unlimited: true, name: free, replaces: [{name: per-tenant}]}
+`)
+	c := erlClient(t, "redis://"+redistest.StartServer(t).Addr, false, conf)
+	for i := range 3 {
+		resp, err := c.ShouldRateLimit(context.Background(), request("repl", descriptor("tenant", "acme"), descriptor("plan", "unlimited")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil || resp.Statuses[1].LimitRemaining != 1<<32-1 {
+			t.Fatalf("request %d: %v, want OK, the tenant's limit replaced, the plan unlimited", i+1, resp)
+		}
+	}
+	admitted := 0
+	for range 3 {
+		resp, err := c.ShouldRateLimit(context.Background(), request("repl", descriptor("tenant", "acme")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+			admitted++
+		}
+	}
+	if admitted != 1 {
+		t.Errorf("the tenant alone: %d of 3 admitted, want its 1 per minute (the replaced requests charged nothing)", admitted)
+	}
+}

@@ -304,6 +304,16 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	joint := engine.Join(plans)
 	joint.Replace(dom.Replaces)
+	// An unlimited rule has no items for Replace to find: what it replaces goes here.
+	var gone []string
+	for _, u := range unlimited {
+		if u != "" {
+			gone = append(gone, dom.Replaces[u]...)
+		}
+	}
+	if len(gone) > 0 {
+		joint.Items = slices.DeleteFunc(joint.Items, func(it engine.Item) bool { return slices.Contains(gone, it.Rule.Name) })
+	}
 	v := eng.Decide(ctx, joint)
 	if v.Reason == engine.ReasonUnavailable {
 		return nil, status.Error(codes.Unavailable, "tollgate: Redis is unavailable and the policy's failure mode is closed")
@@ -313,7 +323,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	for g := range plans {
-		resp.Statuses[g] = descriptorStatus(v, joint, g, unlimited[g], dom.Names)
+		resp.Statuses[g] = descriptorStatus(v, joint, g, unlimited[g] != "", dom.Names)
 	}
 	names := s.OneQuota
 	if s.EveryDescriptor {
@@ -371,12 +381,12 @@ func shape(req *rlsv3.RateLimitRequest) error {
 	return nil
 }
 
-// plan turns each descriptor into a plan of eng for domain, and says of each whether
-// one of the rules named unlimited reaches it. A descriptor entry's key is the
+// plan turns each descriptor into a plan of eng for domain, and names for each the
+// rule of those named unlimitedRules that reaches it, if any. A descriptor entry's key is the
 // attribute erl.AttrName names, which is the key itself when it is one of tollgate's
 // attribute names, or erl.EntryAttribute's of its place when an earlier entry has the
 // same key.
-func plan(eng *engine.Engine, domain string, unlimitedRules []string, req *rlsv3.RateLimitRequest) ([]engine.Plan, []bool, error) {
+func plan(eng *engine.Engine, domain string, unlimitedRules []string, req *rlsv3.RateLimitRequest) ([]engine.Plan, []string, error) {
 	if err := shape(req); err != nil {
 		return nil, nil, err
 	}
@@ -389,7 +399,7 @@ func plan(eng *engine.Engine, domain string, unlimitedRules []string, req *rlsv3
 		return int64(max(1, req.GetHitsAddend()))
 	}
 	plans := make([]engine.Plan, 0, len(req.Descriptors))
-	unlimited := make([]bool, len(req.Descriptors))
+	unlimited := make([]string, len(req.Descriptors))
 	for i, d := range req.Descriptors {
 		if err := supported(d); err != nil {
 			return nil, nil, fmt.Errorf("descriptors[%d]: %w", i, err)
@@ -425,18 +435,18 @@ func plan(eng *engine.Engine, domain string, unlimitedRules []string, req *rlsv3
 	return plans, unlimited, nil
 }
 
-// reaches reports whether one of the rules of pol named names applies to attrs and is
-// not replaced: an unlimited rule has no items in a plan to say so.
-func reaches(pol *policy.Policy, names []string, attrs map[string]string) bool {
+// reaches returns the first of the rules of pol named names that applies to attrs and
+// is not replaced, or "": an unlimited rule has no items in a plan to say so.
+func reaches(pol *policy.Policy, names []string, attrs map[string]string) string {
 	for _, r := range pol.Rules {
 		if !r.Unlimited || !slices.Contains(names, r.Name) {
 			continue
 		}
 		if r.WhyNot(attrs) == "" && r.ReplacedBy(attrs) == "" {
-			return true
+			return r.Name
 		}
 	}
-	return false
+	return ""
 }
 
 // descriptorStatus is the status of descriptor g of the joint plan p, as
