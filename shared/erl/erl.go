@@ -9,27 +9,40 @@
 // node the last entry reaches. tollgate keeps this:
 //
 //   - every node with a rate_limit becomes a rule matching the keys of its path,
-//     each to its value (exact, prefix, or "*" for the key alone), plus the
+//     each to its value (exact, a wildcard's pattern, or "*" for the key alone), plus the
 //     descriptor.keys attribute (the descriptor's keys in order, joined by ","), which
 //     the rls package sets, so that a rule applies only to descriptors of exactly its
 //     keys, as ERL's walk does;
 //   - a wildcard value ("foo*") keeps a count per value, {each: "foo*"}, or one
 //     shared count with share_threshold;
-//   - a more specific node takes the place of its less specific siblings: for each of
-//     the latter's rules an unlimited rule under the former replaces it, so that a
-//     request that reaches the specific node gets its limits, or none, never the
-//     generic one's.
+//   - a node takes the place of the siblings ERL's walk would not reach past it (an
+//     exact value's of the wildcards and the key alone, a wildcard's of the key alone
+//     and of the wildcards after it): for each of their rules an unlimited rule under
+//     it replaces it, so that a request that reaches the node gets its limits, or
+//     none, never a sibling's.
 //
 // ERL takes any domain and key; tollgate's names are narrower (lower case, a few
 // punctuation marks), so a domain or key they do not take is named in the policy by
 // DomainName or AttrName, and package rls passes a descriptor entry under AttrName.
+// A descriptor is an ordered list in which a key may repeat ("files" under "files"):
+// an entry whose key an earlier entry of the descriptor has is passed, and matched,
+// under EntryAttribute of its place instead.
+//
+// A wildcard is ERL's "*" at the end of a value ("foo*") or, beyond what ERL's
+// current release reads, anywhere in it ("foo*bar": "*" stands for any run of
+// characters); of several wildcard siblings the first in the file that matches
+// wins, as in ERL. quota_mode limits are decided and reported like shadow_mode ones
+// and never deny, as ERL's service answers them.
 //
 // Limits are fixed windows aligned to the epoch, as ERL's: unit second, minute, hour
 // and day as they are, week 7 days, month 30 days, year 365 days. Two fields of
 // tollgate's own extend a rate_limit: unit_multiplier (a window of several units) and
 // algorithm, with burst (another of tollgate's algorithms). ERL's replaces acts
 // across the descriptors of a request, so it is not in the policy but in
-// Translation.Replaces, which package rls applies.
+// Translation.Replaces, which package rls applies; so are the names of the unlimited
+// rules and ERL's names of the limits (Translation.Unlimited, Names), which its
+// answers carry. TranslateFiles loads a directory of files as ERL does, merging the
+// files of one domain when asked (ERL's MERGE_DOMAIN_CONFIG).
 package erl
 
 import (
@@ -39,6 +52,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"strconv"
 	"strings"
@@ -53,6 +67,19 @@ import (
 // KeysAttribute is the attribute that carries a descriptor's keys, in order, joined
 // by ",".
 const KeysAttribute = "descriptor.keys"
+
+// reservedPrefix starts the attributes tollgate sets itself (KeysAttribute,
+// EntryAttribute's): AttrName never names a key with it.
+const reservedPrefix = "descriptor."
+
+// EntryAttribute is the attribute under which package rls passes entry i (from 0) of
+// a descriptor whose key an earlier entry of the same descriptor has, and under which
+// a translated policy matches it.
+func EntryAttribute(i int) string { return reservedPrefix + strconv.Itoa(i) }
+
+// noneAttribute is an attribute no request carries: the rule of a domain without
+// limits matches on it, so that it applies to nothing.
+const noneAttribute = reservedPrefix + "none"
 
 type rateLimit struct {
 	RequestsPerUnit uint32 `yaml:"requests_per_unit"`
@@ -103,7 +130,8 @@ func UnitPeriod(unit string) (time.Duration, bool) {
 // step is one level of a rule's path: a key and what its value must be.
 type step struct {
 	key, match string
-	rank       int // 2 exact, 1 wildcard, 0 the key alone: ERL's order of preference
+	attr       string // the attribute the entry is matched under
+	rank       int    // 2 exact, 1 wildcard, 0 the key alone: ERL's order of preference
 }
 
 type rule struct {
@@ -130,32 +158,116 @@ type Translation struct {
 	// that limit is not applied to any descriptor of the request). Package rls
 	// applies it.
 	Replaces map[string][]string
+	// Unlimited names the rules of Policy that are ERL's unlimited rate_limits:
+	// package rls answers a descriptor that reaches one with ERL's remaining,
+	// 4294967295.
+	Unlimited []string
+	// Names maps each rule of Policy with a limit to the name of its rate_limit in
+	// the file ("" when it has none), which ERL answers as the limit's name.
+	Names map[string]string
 }
 
 // Translate turns one ERL configuration file into a tollgate policy document for its
-// domain. It refuses, naming the descriptor, what it cannot keep ERL's meaning of.
+// domain. It refuses, naming the descriptor, what ERL refuses and what it cannot keep
+// ERL's meaning of. A file of no descriptors, or of none with a rate_limit, is a
+// domain without limits, as in ERL.
 func Translate(data []byte) (Translation, error) {
+	r, err := parse(data)
+	if err != nil {
+		return Translation{}, err
+	}
+	return translate(r.Domain, r.Descriptors)
+}
+
+// A File is one ERL configuration file: its name, for errors, and its content.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// TranslateFiles translates ERL configuration files as ERL loads a directory of
+// them: a domain in two files is refused unless merge (ERL's MERGE_DOMAIN_CONFIG)
+// is set, in which case the files' descriptors are joined, in the order of files,
+// into one domain; a descriptor two of them define is refused. An error names the
+// file. The translations are in the order their domains first appear.
+func TranslateFiles(files []File, merge bool) ([]Translation, error) {
+	type domain struct {
+		descriptors []descriptor
+		seen        map[string]string // key and value of a top descriptor -> its file
+	}
+	var order []string
+	domains := map[string]*domain{}
+	for _, f := range files {
+		r, err := parse(f.Data)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f.Name, err)
+		}
+		d, ok := domains[r.Domain]
+		switch {
+		case ok && !merge:
+			return nil, fmt.Errorf("%s: erl: domain %q is in another file too; give each file its own domain, or merge them (ERL's MERGE_DOMAIN_CONFIG)", f.Name, r.Domain)
+		case !ok:
+			d = &domain{seen: map[string]string{}}
+			domains[r.Domain] = d
+			order = append(order, r.Domain)
+		}
+		for i, ds := range r.Descriptors {
+			id := ds.Key + "\x00" + ds.Value
+			if other, dup := d.seen[id]; dup {
+				return nil, fmt.Errorf("%s: erl: descriptors[%d]: key %q value %q is in %s too; keep it in one file", f.Name, i, ds.Key, ds.Value, other)
+			}
+		}
+		for _, ds := range r.Descriptors {
+			d.seen[ds.Key+"\x00"+ds.Value] = f.Name
+		}
+		d.descriptors = append(d.descriptors, r.Descriptors...)
+	}
+	out := make([]Translation, 0, len(order))
+	for _, name := range order {
+		tr, err := translate(name, domains[name].descriptors)
+		if err != nil {
+			return nil, fmt.Errorf("domain %q: %w", name, err)
+		}
+		out = append(out, tr)
+	}
+	return out, nil
+}
+
+// parse reads one file, refusing what ERL refuses of its form: YAML it cannot read, a
+// field it does not know, an empty domain.
+func parse(data []byte) (root, error) {
 	var r root
 	dec := yaml.NewDecoder(strings.NewReader(string(data)))
 	dec.KnownFields(true)
-	if err := dec.Decode(&r); err != nil {
-		return Translation{}, fmt.Errorf("erl: %w", err)
+	if err := dec.Decode(&r); err != nil && !errors.Is(err, io.EOF) {
+		return root{}, fmt.Errorf("erl: %w", err)
 	}
 	if r.Domain == "" {
-		return Translation{}, errors.New("erl: domain is empty")
+		return root{}, errors.New("erl: domain is empty; name the domain Envoy's filter sends")
 	}
+	return r, nil
+}
+
+func translate(domain string, descriptors []descriptor) (Translation, error) {
 	var t translator
-	if err := t.walk(nil, "descriptors", r.Descriptors); err != nil {
+	if err := t.walk(nil, "descriptors", descriptors); err != nil {
 		return Translation{}, err
-	}
-	if len(t.rules) == 0 {
-		return Translation{}, fmt.Errorf("erl: domain %s: no descriptor has a rate_limit", r.Domain)
 	}
 	replaces, err := t.crossReplaces()
 	if err != nil {
 		return Translation{}, err
 	}
-	return Translation{Domain: r.Domain, Policy: t.document(r.Domain), Replaces: replaces}, nil
+	tr := Translation{Domain: domain, Policy: t.document(domain), Replaces: replaces, Names: map[string]string{}}
+	for _, r := range t.rules {
+		switch {
+		case r.guardOnly:
+		case r.limit == "":
+			tr.Unlimited = append(tr.Unlimited, r.name)
+		default:
+			tr.Names[r.name] = r.erlName
+		}
+	}
+	return tr, nil
 }
 
 // crossReplaces resolves each rate_limit's replaces, which name other rate_limits by
@@ -189,78 +301,90 @@ type translator struct {
 	attrs map[string]string // AttrName -> the key that has it, so no two keys share one
 }
 
-// key checks the key of the descriptor at at, under the path parent: tollgate matches
-// a descriptor's entries by their keys' attributes, so a key may appear once on a
-// path, none may be the attribute the rls package reserves, and no two keys of the
-// file may have the same AttrName.
-func (t *translator) key(at string, parent []step, key string) error {
+// key checks the key of the descriptor at at and returns the attribute its entry is
+// matched under, at its place on the path parent: AttrName's, or, when an enclosing
+// descriptor has the same key (a descriptor is an ordered list, a key may repeat),
+// EntryAttribute's. No two keys of the file may have the same AttrName.
+func (t *translator) key(at string, parent []step, key string) (string, error) {
 	if key == "" {
-		return fmt.Errorf("erl: %s: key is empty", at)
+		return "", fmt.Errorf("erl: %s: key is empty; name the descriptor's key", at)
 	}
 	attr := AttrName(key)
-	if attr == KeysAttribute {
-		return fmt.Errorf("erl: %s: key %q is reserved (tollgate passes a descriptor's keys under it); rename the key", at, key)
-	}
-	for _, s := range parent {
-		if s.key == key {
-			return fmt.Errorf("erl: %s: key %q is already a key of an enclosing descriptor; tollgate matches a descriptor's entries by key, so a key can appear once on a path: rename one of them", at, key)
-		}
-	}
 	if t.attrs == nil {
 		t.attrs = map[string]string{}
 	}
 	if other, ok := t.attrs[attr]; ok && other != key {
-		return fmt.Errorf("erl: %s: keys %q and %q both become attribute %q; rename one of them", at, other, key, attr)
+		return "", fmt.Errorf("erl: %s: keys %q and %q both become attribute %q; rename one of them", at, other, key, attr)
 	}
 	t.attrs[attr] = key
-	return nil
+	for _, s := range parent {
+		if s.key == key {
+			return EntryAttribute(len(parent)), nil
+		}
+	}
+	return attr, nil
+}
+
+// valueStep is how a descriptor's value is matched: the key alone (no value), a
+// wildcard (a value with "*": its values each with a count of their own, or one
+// count with share), or the value exactly.
+func valueStep(key, attr, value string, share bool) step {
+	s := step{key: key, attr: attr, match: "*"}
+	switch {
+	case value == "":
+	case strings.Contains(value, "*"):
+		s.match, s.rank = wildcard(value), 1
+		if !share {
+			s.match = "{each: " + yamlString(s.match) + "}"
+		}
+	default:
+		s.match, s.rank = exact(value), 2
+	}
+	return s
+}
+
+// wildcard writes an ERL wildcard value as tollgate's pattern: a prefix ("foo*") as it
+// is when tollgate reads it as one, any other as an anchored expression in which
+// each "*" stands for any run of characters.
+func wildcard(v string) string {
+	if strings.Count(v, "*") == 1 && strings.HasSuffix(v, "*") && exact(strings.TrimSuffix(v, "*")+"x") == strings.TrimSuffix(v, "*")+"x" {
+		return v
+	}
+	parts := strings.Split(v, "*")
+	for i, p := range parts {
+		parts[i] = regexp.QuoteMeta(p)
+	}
+	return "~^" + strings.Join(parts, ".*") + "$"
 }
 
 // walk translates the descriptors under the path parent, then adds the guards that
-// let a specific node take the place of its generic siblings.
+// let a node take the place of the siblings ERL's walk would not reach: an exact
+// value's of a wildcard's and of the key alone's, a wildcard's of the key alone's
+// and of a later wildcard's.
 func (t *translator) walk(parent []step, where string, ds []descriptor) error {
 	var below [][]*rule // per descriptor, the rules of its subtree
 	var steps []step
 	seen := map[string]bool{}
 	for i, d := range ds {
 		at := fmt.Sprintf("%s[%d]", where, i)
-		if err := t.key(at, parent, d.Key); err != nil {
+		attr, err := t.key(at, parent, d.Key)
+		if err != nil {
 			return err
 		}
-		s := step{key: d.Key, match: "*"}
-		switch {
-		case d.Value == "":
-		case strings.HasSuffix(d.Value, "*"):
-			// ERL counts each value apart unless share_threshold shares one count.
-			s.match, s.rank = d.Value, 1
-			if !d.ShareThreshold {
-				s.match = "{each: " + yamlString(d.Value) + "}"
-			}
-		default:
-			s.match, s.rank = exact(d.Value), 2
-		}
 		if seen[d.Key+"\x00"+d.Value] {
-			return fmt.Errorf("erl: %s: key %q value %q appears twice", at, d.Key, d.Value)
+			return fmt.Errorf("erl: %s: key %q value %q appears twice at this level; remove one", at, d.Key, d.Value)
 		}
 		seen[d.Key+"\x00"+d.Value] = true
+		if d.ShareThreshold && !strings.Contains(d.Value, "*") {
+			return fmt.Errorf("erl: %s: share_threshold shares the count of a wildcard value's values, and value %q has no \"*\"; write a wildcard (such as \"files/*\"), or remove share_threshold", at, d.Value)
+		}
+		s := valueStep(d.Key, attr, d.Value, d.ShareThreshold)
 		path := append(append([]step(nil), parent...), s)
 		first := len(t.rules)
 		if rl := d.RateLimit; rl != nil {
-			r := &rule{name: t.name(rl.Name, path), erlName: rl.Name, path: path, shadow: d.ShadowMode}
-			for _, rp := range rl.Replaces {
-				if rl.Unlimited {
-					return fmt.Errorf("erl: %s: an unlimited rate_limit with replaces is not supported yet; give it a limit, or replace from a limited rate_limit", at)
-				}
-				r.erlReplaces = append(r.erlReplaces, rp.Name)
+			if err := t.rateLimit(at, path, rl, d.ShadowMode || d.QuotaMode); err != nil {
+				return err
 			}
-			if !rl.Unlimited {
-				lim, err := limitOf(rl)
-				if err != nil {
-					return fmt.Errorf("erl: %s: %w", at, err)
-				}
-				r.limit = lim
-			}
-			t.rules = append(t.rules, r)
 		}
 		if err := t.walk(path, at+".descriptors", d.Descriptors); err != nil {
 			return err
@@ -268,11 +392,13 @@ func (t *translator) walk(parent []step, where string, ds []descriptor) error {
 		below = append(below, t.rules[first:])
 		steps = append(steps, s)
 	}
-	// A node takes the place of its siblings of the same key and a lower rank.
 	for i, si := range steps {
 		for j, sj := range steps {
-			if si.key != sj.key || si.rank <= sj.rank {
+			if si.key != sj.key || si.rank < sj.rank || si.rank == sj.rank && (si.rank != 1 || i >= j) {
 				continue
+			}
+			if si.rank == 1 && sj.rank == 1 && !overlap(ds[i].Value, ds[j].Value) {
+				continue // no value reaches both: no guard needed
 			}
 			for _, generic := range below[j] {
 				if generic.guardOnly {
@@ -283,9 +409,44 @@ func (t *translator) walk(parent []step, where string, ds []descriptor) error {
 				guard.name = t.name("", append(guard.path, step{key: "over", match: generic.name}))
 				t.rules = append(t.rules, guard)
 			}
-			_ = i
 		}
 	}
+	return nil
+}
+
+// overlap reports whether two wildcard values might both match one value: always,
+// unless their fixed starts or ends differ.
+func overlap(a, b string) bool {
+	pa, pb := a[:strings.Index(a, "*")], b[:strings.Index(b, "*")]
+	sa, sb := a[strings.LastIndex(a, "*")+1:], b[strings.LastIndex(b, "*")+1:]
+	return (strings.HasPrefix(pa, pb) || strings.HasPrefix(pb, pa)) && (strings.HasSuffix(sa, sb) || strings.HasSuffix(sb, sa))
+}
+
+// rateLimit adds the rule of the rate_limit rl at path, refusing what ERL refuses:
+// a unit beside unlimited, a replaces entry without a name or with the limit's own.
+func (t *translator) rateLimit(at string, path []step, rl *rateLimit, shadow bool) error {
+	r := &rule{name: t.name(rl.Name, path), erlName: rl.Name, path: path, shadow: shadow}
+	for k, rp := range rl.Replaces {
+		switch {
+		case rp.Name == "":
+			return fmt.Errorf("erl: %s: rate_limit.replaces[%d] has no name; name the rate_limit it replaces, or remove the entry", at, k)
+		case rp.Name == rl.Name:
+			return fmt.Errorf("erl: %s: rate_limit %q replaces itself; a limit replaces others, so remove %q from its replaces", at, rl.Name, rp.Name)
+		}
+		r.erlReplaces = append(r.erlReplaces, rp.Name)
+	}
+	if rl.Unlimited {
+		if _, ok := UnitPeriod(rl.Unit); ok {
+			return fmt.Errorf("erl: %s: rate_limit is unlimited and has unit %q; an unlimited rate_limit has no unit: remove unit (and requests_per_unit), or unlimited", at, rl.Unit)
+		}
+	} else {
+		lim, err := limitOf(rl)
+		if err != nil {
+			return fmt.Errorf("erl: %s: %w", at, err)
+		}
+		r.limit = lim
+	}
+	t.rules = append(t.rules, r)
 	return nil
 }
 
@@ -333,7 +494,15 @@ func sanitize(s string) string {
 // when tollgate's attribute names take it (a-z, 0-9, '_', '.', '-'), else a name
 // made of it (see fitName), so that ERL's keys in upper case or with other
 // characters ("USER_ID", "path:prefix") keep working.
-func AttrName(key string) string { return fitName(key, policy.ValidAttribute, 64) }
+// The attributes tollgate sets itself (KeysAttribute, EntryAttribute's) start with
+// "descriptor."; a key that does is named like a key tollgate's names do not take.
+func AttrName(key string) string {
+	valid := func(s string) bool { return policy.ValidAttribute(s) && !strings.HasPrefix(s, reservedPrefix) }
+	if n := fitName(key, valid, 64); !strings.HasPrefix(n, reservedPrefix) {
+		return n
+	}
+	return "k-" + fitName(key, valid, 62) // "descriptor.x" sanitized keeps its start
+}
 
 // DomainName is the domain of the policy a configuration file of domain becomes: the
 // domain itself when tollgate's names take it, else a name made of it (fitName).
@@ -395,6 +564,11 @@ func (t *translator) document(domain string) []byte {
 	// decides what it means. ERL waits for Redis as long as Envoy waits for it (the
 	// filter's timeout, 20ms by default); a second bounds a decision here.
 	fmt.Fprintf(&b, "domain: %s\nprefix: %s\nfailure: {mode: closed, timeout: 1s}\nrules:\n", yamlString(DomainName(domain)), yamlString(prefixOf(domain)))
+	if len(t.rules) == 0 {
+		// A domain without limits (ERL loads it, and answers OK with no limit): a
+		// policy has a rule, so one that applies to nothing.
+		fmt.Fprintf(&b, "  - {name: no-limits, match: {%s: \"*\"}, unlimited: true}\n", noneAttribute)
+	}
 	for _, r := range t.rules {
 		fmt.Fprintf(&b, "  - name: %s\n    match: {%s: %s", r.name, KeysAttribute, yamlString(keysOf(r.path)))
 		for _, s := range r.path {
@@ -402,7 +576,7 @@ func (t *translator) document(domain string) []byte {
 			if strings.HasPrefix(s.match, "{each: ") {
 				value = s.match // a mapping, already quoted inside
 			}
-			fmt.Fprintf(&b, ", %s: %s", yamlString(AttrName(s.key)), value)
+			fmt.Fprintf(&b, ", %s: %s", yamlString(s.attr), value)
 		}
 		b.WriteString("}\n")
 		switch {

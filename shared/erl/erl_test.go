@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -33,12 +35,13 @@ func TestTranslateRefuses(t *testing.T) {
 		{"domain: d\ndescriptors: [{key: k, rate_limit: {unit: fortnight, requests_per_unit: 5}}]\n", "unit of second, minute, hour, day, week, month or year"},
 		{"domain: d\ndescriptors: [{key: k, rate_limit: {unit: second}}]\n", "requests_per_unit above 0"},
 		{"domain: d\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: x}]}}]\n", `replaces "x", which no rate_limit of the file is named`},
-		{"domain: d\ndescriptors: [{key: k, rate_limit: {unlimited: true, replaces: [{name: x}]}}]\n", "an unlimited rate_limit with replaces is not supported"},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {unlimited: true, replaces: [{name: x}]}}]\n", `replaces "x", which no rate_limit of the file is named`},
 		{"domain: d\ndescriptors: [{key: k, colour: red}]\n", "field colour not found"},
 		{"domain: d\ndescriptors: [{key: k, value: v}, {key: k, value: v}]\n", "appears twice"},
-		{"domain: d\ndescriptors: [{key: k}]\n", "no descriptor has a rate_limit"},
-		{"domain: d\ndescriptors: [{key: k, descriptors: [{key: k, value: v, rate_limit: {unit: second, requests_per_unit: 1}}]}]\n", `descriptors[0].descriptors[0]: key "k" is already a key of an enclosing descriptor`},
-		{"domain: d\ndescriptors: [{key: descriptor.keys, rate_limit: {unit: second, requests_per_unit: 1}}]\n", `key "descriptor.keys" is reserved`},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {unlimited: true, unit: day}}]\n", `unlimited and has unit "day"`},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {name: a, unit: second, requests_per_unit: 1, replaces: [{name: a}]}}]\n", `rate_limit "a" replaces itself`},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {name: a, unit: second, requests_per_unit: 1, replaces: [{name: ''}]}}]\n", `rate_limit.replaces[0] has no name`},
+		{"domain: d\ndescriptors: [{key: k, value: v, share_threshold: true, rate_limit: {unit: second, requests_per_unit: 1}}]\n", `value "v" has no "*"`},
 		{"domain: d\ndescriptors: [{key: K, descriptors: [{key: k-86be9a55, rate_limit: {unit: second, requests_per_unit: 1}}]}]\n", `keys "K" and "k-86be9a55" both become attribute "k-86be9a55"`},
 	} {
 		if _, err := erl.Translate([]byte(tt.doc)); err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -94,14 +97,70 @@ descriptors:
 func FuzzTranslate(f *testing.F) {
 	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n    descriptors: [{key: p, value: '/x', rate_limit: {unit: minute, requests_per_unit: 1}}]\n  - {key: k, value: v, rate_limit: {unlimited: true}}\n"))
 	f.Add([]byte("domain: \"Edge\\nidentity: {trusted_proxies: 3}\\n#\"\ndescriptors: [{key: USER_ID, rate_limit: {unit: second, requests_per_unit: 1}, descriptors: [{key: user_id, rate_limit: {unit: second, requests_per_unit: 2}}]}]\n"))
+	f.Add([]byte("domain: w\ndescriptors: [{key: k, value: 'a*b*', share_threshold: true, descriptors: [{key: k, value: '*{x}*', quota_mode: true, rate_limit: {unit: week, requests_per_unit: 1}}]}, {key: k, value: '!*', rate_limit: {unlimited: true}}]\n"))
+	for _, doc := range erlTestFiles(f) {
+		f.Add(doc.Data)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tr, err := erl.Translate(data)
 		if err != nil {
 			return
 		}
+		checkTranslation(t, data, tr)
+	})
+}
+
+// erlTestFiles returns envoyproxy/ratelimit's configuration test files.
+func erlTestFiles(tb testing.TB) []erl.File {
+	names, err := filepath.Glob(filepath.Join("testdata", "erl-config", "*.yaml"))
+	if err != nil || len(names) == 0 {
+		tb.Fatalf("ERL's test files: %v, %v", names, err)
+	}
+	var out []erl.File
+	for _, n := range names {
+		b, err := os.ReadFile(n)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		out = append(out, erl.File{Name: filepath.Base(n), Data: b})
+	}
+	return out
+}
+
+// FuzzTranslateFiles translates two files as one directory, merged or not: never a
+// panic, an error names the file or the domain, and every translation parses.
+func FuzzTranslateFiles(f *testing.F) {
+	files := erlTestFiles(f)
+	for i, a := range files {
+		b := files[(i+1)%len(files)]
+		f.Add(a.Data, b.Data, true)
+		f.Add(a.Data, a.Data, false)
+	}
+	f.Fuzz(func(t *testing.T, a, b []byte, merge bool) {
+		trs, err := erl.TranslateFiles([]erl.File{{Name: "a.yaml", Data: a}, {Name: "b.yaml", Data: b}}, merge)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "a.yaml: ") && !strings.HasPrefix(err.Error(), "b.yaml: ") && !strings.HasPrefix(err.Error(), "domain ") {
+				t.Fatalf("TranslateFiles = %v, want an error that names the file or the domain", err)
+			}
+			return
+		}
+		if len(trs) == 0 || len(trs) > 2 {
+			t.Fatalf("%d translations of two files", len(trs))
+		}
+		for _, tr := range trs {
+			checkTranslation(t, append(append([]byte(nil), a...), b...), tr)
+		}
+	})
+}
+
+// checkTranslation fails t unless tr, a translation of data, is a policy tollgate
+// parses.
+func checkTranslation(t *testing.T, data []byte, tr erl.Translation) {
+	t.Helper()
+	{
 		// ERL takes any key and domain, and so does the translation (AttrName,
 		// DomainName): a problem is the translator's fault.
-		_, err = policy.Parse(tr.Policy)
+		_, err := policy.Parse(tr.Policy)
 		ve, ok := errors.AsType[*policy.ValidationError](err)
 		if err != nil && !ok {
 			t.Fatalf("Parse = %v", err)
@@ -116,7 +175,7 @@ func FuzzTranslate(f *testing.F) {
 				}
 			}
 		}
-	})
+	}
 }
 
 // TestTranslateExtensions reads tollgate's extension fields of a rate_limit: a window

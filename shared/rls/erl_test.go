@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/erl"
 	"github.com/tollgate-dev/tollgate/shared/policy"
@@ -24,6 +26,18 @@ import (
 // erlClient serves the ERL configuration documents (one domain each) on a real Redis
 // at url over gRPC on loopback.
 func erlClient(t *testing.T, url string, cluster bool, configs ...[]byte) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	return serve(t, erlService(t, url, cluster, configs...))
+}
+
+// erlServer is the service of the ERL configuration documents on a standalone Redis
+// at url.
+func erlServer(t *testing.T, url string, configs ...[]byte) *rls.Server {
+	t.Helper()
+	return erlService(t, url, false, configs...)
+}
+
+func erlService(t *testing.T, url string, cluster bool, configs ...[]byte) *rls.Server {
 	t.Helper()
 	st, err := redisstore.Open(redisstore.Config{URL: url, Cluster: cluster, Timeout: time.Second})
 	if err != nil {
@@ -45,9 +59,9 @@ func erlClient(t *testing.T, url string, cluster bool, configs ...[]byte) rlsv3.
 		if err != nil {
 			t.Fatal(err)
 		}
-		domains[tr.Domain] = rls.Domain{Engine: eng, Replaces: tr.Replaces}
+		domains[tr.Domain] = rls.ERLDomain(tr, eng)
 	}
-	return serve(t, rls.NewDomains(domains, nil))
+	return rls.NewDomains(domains, nil)
 }
 
 func erlConfig(t *testing.T, name string) []byte {
@@ -102,6 +116,12 @@ func TestERLIntegrationScenarios(t *testing.T) {
 				t.Fatal(err)
 			}
 			wantStatus(t, "basic key1", resp.Statuses[0], ok, 50, rlsv3.RateLimitResponse_RateLimit_SECOND, 49)
+
+			// basic/foo_unknown_domain: a domain no file defines is OK with no limit.
+			resp, err = c.ShouldRateLimit(ctx, request("foo", descriptor("key1", "foo")))
+			if err != nil || resp.OverallCode != ok || resp.Statuses[0].CurrentLimit != nil {
+				t.Errorf("unknown domain foo: %v, %v; want OK with no limit", resp, err)
+			}
 
 			// Over a 20 per minute limit on a fresh value.
 			v := fmt.Sprint(time.Now().UnixNano())
@@ -337,5 +357,204 @@ descriptors:
 	resp, err := c.ShouldRateLimit(ctx, request("Edge", descriptor("path:prefix", "/admin")))
 	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil {
 		t.Errorf("path:prefix=/admin (no rule): %v, %v; want OK with no limit", resp, err)
+	}
+}
+
+// TestERLWildcards serves wildcards at the end of a value (ERL's) and anywhere in it
+// (tollgate's reading of "*" beyond ERL's current release) over gRPC on a real Redis:
+// "*" stands for any run of characters; of wildcard siblings the first in the file
+// that matches wins, as in ERL; an exact value wins over any wildcard; without
+// share_threshold each value counts apart, with it all share one count.
+func TestERLWildcards(t *testing.T) {
+	t.Parallel()
+	conf := []byte(`domain: wild
+descriptors:
+  - {key: host, value: "api.*.example.com", rate_limit: {unit: minute, requests_per_unit: 3}}
+  - {key: host, value: "api.*", rate_limit: {unit: minute, requests_per_unit: 4}}
+  - {key: host, value: "*.example.com", share_threshold: true, rate_limit: {unit: minute, requests_per_unit: 5}}
+  - {key: host, value: "api.eu.example.com", rate_limit: {unit: minute, requests_per_unit: 6}}
+  - {key: path, value: "/v*/users/*/orders", rate_limit: {unit: minute, requests_per_unit: 7}}
+`)
+	c := erlClient(t, "redis://"+redistest.StartServer(t).Addr, false, conf)
+	ask := func(key, value string) (per, remaining uint32) {
+		t.Helper()
+		resp, err := c.ShouldRateLimit(context.Background(), request("wild", descriptor(key, value)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit(), resp.Statuses[0].GetLimitRemaining()
+	}
+	for _, tc := range []struct {
+		key, value string
+		per, rem   uint32
+	}{
+		{"host", "api.us.example.com", 3, 2},   // the first wildcard that matches
+		{"host", "api.us.example.com", 3, 1},   // its own count
+		{"host", "api.jp.example.com", 3, 2},   // a count per value
+		{"host", "api.us.example.org", 4, 3},   // the second
+		{"host", "www.example.com", 5, 4},      // share_threshold: one count
+		{"host", "cdn.example.com", 5, 3},      // … shared
+		{"host", "api.eu.example.com", 6, 5},   // the exact value
+		{"host", "web.example.org", 0, 0},      // none
+		{"path", "/v2/users/7/orders", 7, 6},   // two "*" in one value
+		{"path", "/v2/users/7/orders/1", 0, 0}, // anchored at the end
+		{"path", "/x/v2/users/7/orders", 0, 0}, // and at the start
+	} {
+		if per, rem := ask(tc.key, tc.value); per != tc.per || rem != tc.rem {
+			t.Errorf("%s=%s: %d per minute, %d remaining; want %d, %d", tc.key, tc.value, per, rem, tc.per, tc.rem)
+		}
+	}
+}
+
+// TestERLQuotaMode serves a quota_mode limit beside an ordinary one over gRPC on a
+// real Redis: as ERL's service answers, a quota_mode limit over its count is OK with
+// its limit and 0 remaining, and the request is not denied for it; the ordinary
+// limit still denies.
+func TestERLQuotaMode(t *testing.T) {
+	t.Parallel()
+	conf := []byte(`domain: quota
+descriptors:
+  - {key: tenant, quota_mode: true, rate_limit: {unit: hour, requests_per_unit: 2}}
+  - {key: user, rate_limit: {unit: hour, requests_per_unit: 4}}
+`)
+	c := erlClient(t, "redis://"+redistest.StartServer(t).Addr, false, conf)
+	for i := range 5 {
+		resp, err := c.ShouldRateLimit(context.Background(), request("quota", descriptor("tenant", "acme"), descriptor("user", "bob")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, quotaRem, userCode := rlsv3.RateLimitResponse_OK, uint32(max(0, 2-(i+1))), rlsv3.RateLimitResponse_OK
+		if i == 4 {
+			code, userCode = rlsv3.RateLimitResponse_OVER_LIMIT, rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if resp.OverallCode != code {
+			t.Errorf("request %d: %v, want %v", i+1, resp.OverallCode, code)
+		}
+		if i < 4 {
+			wantStatus(t, fmt.Sprintf("request %d tenant", i+1), resp.Statuses[0], rlsv3.RateLimitResponse_OK, 2, rlsv3.RateLimitResponse_RateLimit_HOUR, quotaRem)
+		}
+		if st := resp.Statuses[1]; st.GetCode() != userCode {
+			t.Errorf("request %d user: %v, want %v", i+1, st, userCode)
+		}
+	}
+}
+
+// TestERLUnlimitedAndDenied checks two of ERL's answers: an unlimited descriptor has
+// 4294967295 remaining and no limit, and a request denied for a cost above what
+// remains (hits_addend 6 against 5 per second) reports 0 remaining, though tollgate
+// charged nothing and 5 still remain for a smaller request.
+func TestERLUnlimitedAndDenied(t *testing.T) {
+	t.Parallel()
+	conf := []byte(`domain: d
+descriptors:
+  - {key: k, value: free, rate_limit: {unlimited: true}}
+  - {key: k, rate_limit: {unit: minute, requests_per_unit: 5}}
+`)
+	c := erlClient(t, "redis://"+redistest.StartServer(t).Addr, false, conf)
+	ctx := context.Background()
+	resp, err := c.ShouldRateLimit(ctx, request("d", descriptor("k", "free")))
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil || resp.Statuses[0].LimitRemaining != 1<<32-1 {
+		t.Errorf("unlimited: %v, %v; want OK, no limit, 4294967295 remaining", resp, err)
+	}
+	over := request("d", descriptor("k", "x"))
+	over.HitsAddend = 6
+	resp, err = c.ShouldRateLimit(ctx, over)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, "hits_addend 6 of 5", resp.Statuses[0], rlsv3.RateLimitResponse_OVER_LIMIT, 5, rlsv3.RateLimitResponse_RateLimit_MINUTE, 0)
+	resp, err = c.ShouldRateLimit(ctx, request("d", descriptor("k", "x")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, "then hits_addend 1 (the denied request charged nothing)", resp.Statuses[0], rlsv3.RateLimitResponse_OK, 5, rlsv3.RateLimitResponse_RateLimit_MINUTE, 4)
+}
+
+// TestERLGlobalModes sets envoyproxy/ratelimit's global SHADOW_MODE and QUOTA_MODE
+// (rls.ERLModes) on a service over gRPC on a real Redis: over the limit, shadow
+// answers OK with the statuses as they are, quota also makes each status OK, and
+// neither sends Retry-After.
+func TestERLGlobalModes(t *testing.T) {
+	t.Parallel()
+	for env, want := range map[string][2]bool{"SHADOW_MODE=true": {true, false}, "QUOTA_MODE=1": {false, true}, "": {}} {
+		k, v, _ := strings.Cut(env, "=")
+		shadow, quota, err := rls.ERLModes(func(n string) string {
+			if n == k {
+				return v
+			}
+			return ""
+		})
+		if err != nil || shadow != want[0] || quota != want[1] {
+			t.Errorf("ERLModes(%s) = %v, %v, %v; want %v", env, shadow, quota, err, want)
+		}
+	}
+	if _, _, err := rls.ERLModes(func(n string) string { return map[string]string{"QUOTA_MODE": "maybe"}[n] }); err == nil || !strings.Contains(err.Error(), "QUOTA_MODE") {
+		t.Errorf("ERLModes(QUOTA_MODE=maybe) = %v, want an error naming it", err)
+	}
+	conf := []byte("domain: g\ndescriptors:\n  - {key: k, rate_limit: {unit: hour, requests_per_unit: 1}}\n")
+	srv := redistest.StartServer(t)
+	for _, mode := range []string{"none", "shadow", "quota"} {
+		s := erlServer(t, "redis://"+srv.Addr, conf)
+		s.OneQuota = algo.OneQuotaNames{Limit: "RateLimit-Limit"}
+		s.Shadow, s.Quota = mode == "shadow", mode == "quota"
+		c := serve(t, s)
+		req := request("g", descriptor("k", mode))
+		req.HitsAddend = 2
+		resp, err := c.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, stCode := rlsv3.RateLimitResponse_OVER_LIMIT, rlsv3.RateLimitResponse_OVER_LIMIT
+		switch mode {
+		case "shadow":
+			code = rlsv3.RateLimitResponse_OK
+		case "quota":
+			code, stCode = rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK
+		}
+		retry := false
+		for _, h := range resp.ResponseHeadersToAdd {
+			retry = retry || h.Key == "Retry-After"
+		}
+		if resp.OverallCode != code || resp.Statuses[0].GetCode() != stCode || resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() != 1 || retry != (mode == "none") {
+			t.Errorf("%s: %v, want %v, status %v, Retry-After %v", mode, resp, code, stCode, mode == "none")
+		}
+	}
+}
+
+// TestERLUnlimitedReplaces sends a descriptor that reaches an unlimited limit which
+// replaces another descriptor's limit, as ERL allows: the replaced limit applies to
+// no descriptor of the request, and the unlimited one answers 4294967295 remaining.
+func TestERLUnlimitedReplaces(t *testing.T) {
+	t.Parallel()
+	conf := []byte(`domain: repl
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1, name: per-tenant}
+  - key: plan
+    value: unlimited
+    rate_limit: {unlimited: true, name: free, replaces: [{name: per-tenant}]}
+`)
+	c := erlClient(t, "redis://"+redistest.StartServer(t).Addr, false, conf)
+	for i := range 3 {
+		resp, err := c.ShouldRateLimit(context.Background(), request("repl", descriptor("tenant", "acme"), descriptor("plan", "unlimited")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil || resp.Statuses[1].LimitRemaining != 1<<32-1 {
+			t.Fatalf("request %d: %v, want OK, the tenant's limit replaced, the plan unlimited", i+1, resp)
+		}
+	}
+	admitted := 0
+	for range 3 {
+		resp, err := c.ShouldRateLimit(context.Background(), request("repl", descriptor("tenant", "acme")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+			admitted++
+		}
+	}
+	if admitted != 1 {
+		t.Errorf("the tenant alone: %d of 3 admitted, want its 1 per minute (the replaced requests charged nothing)", admitted)
 	}
 }

@@ -18,8 +18,9 @@ import (
 )
 
 // FuzzShouldRateLimit decodes any bytes as a RateLimitRequest and decides it on an
-// in-process engine: never a panic, and either an answer with one status per
-// descriptor or INVALID_ARGUMENT.
+// in-process engine, and on envoyproxy/ratelimit's test configurations: never a
+// panic, and either an answer with one status per descriptor, each as ERL states
+// one (0 remaining when over, no limit when unlimited), or INVALID_ARGUMENT.
 func FuzzShouldRateLimit(f *testing.F) {
 	seed, _ := proto.Marshal(&rlsv3.RateLimitRequest{Domain: "rl", HitsAddend: 2, Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "foo"), descriptor("remote_address", "192.0.2.1", "key1", "x")}})
 	f.Add(seed)
@@ -36,21 +37,40 @@ func FuzzShouldRateLimit(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	for _, d := range [][]string{{"files", "top/a", "files", "nested/b"}, {"key6", "x"}, {"wild", "foo1"}} {
+		seed, _ = proto.Marshal(&rlsv3.RateLimitRequest{Domain: "test-domain", HitsAddend: 400, Descriptors: []*rlv3.RateLimitDescriptor{descriptor(d...)}})
+		f.Add(seed)
+	}
 	srv := rls.New(eng, nil)
+	var erlServers []*rls.Server
+	for _, name := range []string{"basic_config.yaml", "share_threshold.yaml", "wildcard.yaml"} {
+		s, err := loadERL(erlFiles(f, name), false, nil)
+		if err != nil {
+			f.Fatal(err)
+		}
+		erlServers = append(erlServers, s)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var req rlsv3.RateLimitRequest
 		if proto.Unmarshal(data, &req) != nil {
 			return
 		}
-		resp, err := srv.ShouldRateLimit(context.Background(), &req)
-		if err != nil {
-			if status.Code(err) != codes.InvalidArgument {
-				t.Fatalf("ShouldRateLimit = %v, want an answer or INVALID_ARGUMENT", err)
+		for _, srv := range append([]*rls.Server{srv}, erlServers...) {
+			resp, err := srv.ShouldRateLimit(context.Background(), &req)
+			if err != nil {
+				if status.Code(err) != codes.InvalidArgument {
+					t.Fatalf("ShouldRateLimit = %v, want an answer or INVALID_ARGUMENT", err)
+				}
+				continue
 			}
-			return
-		}
-		if len(resp.Statuses) != len(req.Descriptors) {
-			t.Fatalf("%d statuses for %d descriptors", len(resp.Statuses), len(req.Descriptors))
+			if len(resp.Statuses) != len(req.Descriptors) {
+				t.Fatalf("%d statuses for %d descriptors", len(resp.Statuses), len(req.Descriptors))
+			}
+			for i, st := range resp.Statuses {
+				if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && st.LimitRemaining != 0 || st.CurrentLimit == nil && st.LimitRemaining != 0 && st.LimitRemaining != 1<<32-1 {
+					t.Fatalf("status %d = %v: over with some remaining, or remaining without a limit", i, st)
+				}
+			}
 		}
 	})
 }

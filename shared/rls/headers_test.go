@@ -2,6 +2,7 @@ package rls_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -77,6 +78,61 @@ func TestOneQuotaHeaders(t *testing.T) {
 		})
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("ERLHeaders with %s = %v, want an error naming %s", env, err, want)
+		}
+	}
+}
+
+// TestEveryDescriptorHeaders: with Server.EveryDescriptor (ERL's proposed
+// LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED, read by rls.ERLEveryDescriptor) the
+// one-quota headers come once per descriptor that has a limit, in order, in place of
+// once for the deciding limit.
+func TestEveryDescriptorHeaders(t *testing.T) {
+	t.Parallel()
+	conf := []byte(`domain: h
+descriptors:
+  - {key: a, rate_limit: {unit: second, requests_per_unit: 10}}
+  - {key: b, rate_limit: {unit: minute, requests_per_unit: 1000}}
+`)
+	srv := redistest.StartServer(t)
+	for env, want := range map[string]bool{"": false, "true": true, "0": false} {
+		got, err := rls.ERLEveryDescriptor(func(k string) string {
+			if k == "LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED" {
+				return env
+			}
+			return ""
+		})
+		if err != nil || got != want {
+			t.Errorf("ERLEveryDescriptor(%q) = %v, %v; want %v", env, got, err, want)
+		}
+	}
+	if _, err := rls.ERLEveryDescriptor(func(string) string { return "often" }); err == nil || !strings.Contains(err.Error(), "LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED") {
+		t.Errorf("ERLEveryDescriptor(often) = %v, want an error naming the variable", err)
+	}
+	names := algo.OneQuotaNames{Limit: "RateLimit-Limit", Remaining: "RateLimit-Remaining", Reset: "RateLimit-Reset"}
+	for _, every := range []bool{false, true} {
+		s := erlServer(t, "redis://"+srv.Addr, conf)
+		s.OneQuota, s.EveryDescriptor = names, every
+		resp, err := serve(t, s).ShouldRateLimit(context.Background(), request("h", descriptor("a", fmt.Sprint(every)), descriptor("b", fmt.Sprint(every)), descriptor("c", "z")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		resets := 0
+		for _, kv := range resp.ResponseHeadersToAdd {
+			switch kv.Key {
+			case "RateLimit-Limit", "RateLimit-Remaining":
+				got = append(got, kv.Key+"="+kv.Value)
+			case "RateLimit-Reset":
+				resets++
+			}
+		}
+		// The deciding limit is the one with the least remaining: a's, 9 of 10.
+		want, wantResets := "RateLimit-Limit=10 RateLimit-Remaining=9", 1
+		if every {
+			want, wantResets = "RateLimit-Limit=10 RateLimit-Remaining=9 RateLimit-Limit=1000 RateLimit-Remaining=999", 2
+		}
+		if g := strings.Join(got, " "); g != want || resets != wantResets {
+			t.Errorf("EveryDescriptor %v: headers %s and %d RateLimit-Reset, want %s and %d", every, g, resets, want, wantResets)
 		}
 	}
 }

@@ -3,11 +3,17 @@
 // so that Envoy's built-in envoy.filters.http.ratelimit (and what builds on it) can
 // call tollgate where it would call envoyproxy/ratelimit.
 //
-// A request's domain must be the policy's. Each descriptor's entries become the
-// attributes of one request to the policy (entry key → attribute name: the key itself
-// when it is one of tollgate's attribute names, else erl.AttrName's), and every
-// descriptor of a request is decided together, all-or-nothing: when one is over its
-// limit, none is charged. The cost is the request's hits_addend (1 when unset), or
+// A request for a domain the service does not decide is answered OK with no limit,
+// as envoyproxy/ratelimit answers it, counted (Register) and logged once per domain.
+// Each descriptor's entries become the attributes of one request to the policy (entry
+// key → attribute name: the key itself when it is one of tollgate's attribute names,
+// else erl.AttrName's; an entry whose key an earlier entry has, erl.EntryAttribute's
+// of its place), and every descriptor of a request is decided together,
+// all-or-nothing: when one is over its limit, none is charged.
+//
+// A descriptor's status is envoyproxy/ratelimit's: its most restrictive limit, a
+// shadow one when it has no other (OK even when over); remaining 0 when over;
+// 4294967295 remaining and no limit when an unlimited rule of the domain reaches it. The cost is the request's hits_addend (1 when unset), or
 // the descriptors' own hits_addend, which must then be the same for all.
 //
 // A descriptor that carries its own limit (Envoy's dynamic limit override,
@@ -28,6 +34,7 @@ import (
 	"maps"
 	"net/http"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,6 +44,7 @@ import (
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http/httpguts"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -69,6 +77,89 @@ type Server struct {
 	// envoyproxy/ratelimit sends none unless LIMIT_RESPONSE_HEADERS_ENABLED is set
 	// (see ERLHeaders). Set it before serving.
 	OneQuota algo.OneQuotaNames
+	// EveryDescriptor sends the OneQuota headers once per descriptor that has a
+	// limit, in the order of the descriptors, in place of once for the deciding
+	// limit (see ERLEveryDescriptor). Set it before serving.
+	EveryDescriptor bool
+	// Shadow answers OK every request a limit denies, its statuses as they are
+	// (envoyproxy/ratelimit's global SHADOW_MODE); Quota also makes each status over
+	// its limit OK (its global QUOTA_MODE). A request passed so was charged nothing,
+	// as any denied request. See ERLModes. Set them before serving.
+	Shadow, Quota bool
+
+	unknown unknownDomains
+}
+
+// unknownDomains counts and logs the requests for domains the service does not
+// decide: a series and a log line for each of the first maxUnknownDomains domains,
+// then one series ("other") and one line for the rest, so that clients that send
+// any domain cannot grow either without bound.
+type unknownDomains struct {
+	mu      sync.Mutex
+	seen    map[string]bool
+	counter *prometheus.CounterVec
+}
+
+const maxUnknownDomains = 100
+
+// Register registers the service's metric on reg:
+// tollgate_rls_unknown_domain_requests_total, the requests for a domain the service
+// does not decide (answered OK with no limit), by domain.
+func (s *Server) Register(reg prometheus.Registerer) error {
+	return reg.Register(s.unknown.counter)
+}
+
+func (u *unknownDomains) add(log *slog.Logger, domain string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	label := domain
+	if !u.seen[domain] {
+		switch n := len(u.seen); {
+		case n < maxUnknownDomains:
+			u.seen[domain] = true
+			log.Warn("a request for a domain no configuration defines, answered OK with no limit (as envoyproxy/ratelimit answers it); this is logged once per domain", "domain", domain)
+		case n == maxUnknownDomains:
+			u.seen[domain] = true // the first of the rest, to log once
+			label = "other"
+			log.Warn("requests for more unknown domains; these are counted under domain \"other\" and not logged", "domain", domain)
+		default:
+			label = "other"
+		}
+	}
+	u.counter.WithLabelValues(label).Inc()
+}
+
+// ERLModes reads envoyproxy/ratelimit's global SHADOW_MODE and QUOTA_MODE through
+// getenv, for Server.Shadow and Server.Quota.
+func ERLModes(getenv func(string) string) (shadow, quota bool, err error) {
+	for _, f := range []struct {
+		env string
+		dst *bool
+	}{{"SHADOW_MODE", &shadow}, {"QUOTA_MODE", &quota}} {
+		v := getenv(f.env)
+		if v == "" {
+			continue
+		}
+		if *f.dst, err = strconv.ParseBool(v); err != nil {
+			return false, false, fmt.Errorf("%s=%.64q: want true or false", f.env, v)
+		}
+	}
+	return shadow, quota, nil
+}
+
+// ERLEveryDescriptor reads LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED through getenv, the
+// setting envoyproxy/ratelimit's proposal (its pull request 1190) names for headers
+// of every descriptor: true sets Server.EveryDescriptor.
+func ERLEveryDescriptor(getenv func(string) string) (bool, error) {
+	v := getenv("LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED")
+	if v == "" {
+		return false, nil
+	}
+	on, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED=%q: want true or false", v)
+	}
+	return on, nil
 }
 
 // ERLHeaders reads envoyproxy/ratelimit's settings of its response headers through
@@ -111,6 +202,20 @@ type Domain struct {
 	// Replaces maps a rule to the rules it replaces across the descriptors of a
 	// request (erl.Translation.Replaces).
 	Replaces map[string][]string
+	// Unlimited names the rules that are envoyproxy/ratelimit's unlimited limits
+	// (erl.Translation.Unlimited): a descriptor one of them reaches answers
+	// 4294967295 remaining.
+	Unlimited []string
+	// Names, when set, maps a rule to the name a status gives its limit
+	// (erl.Translation.Names: the rate_limit's name in the file, or none); unset,
+	// a status names a limit as the RateLimit headers do.
+	Names map[string]string
+}
+
+// ERLDomain is the Domain of an envoyproxy/ratelimit configuration translated as tr
+// (package erl), decided by eng, which runs tr's policy.
+func ERLDomain(tr erl.Translation, eng *engine.Engine) Domain {
+	return Domain{Engine: eng, Replaces: tr.Replaces, Unlimited: tr.Unlimited, Names: tr.Names}
 }
 
 // New returns the service on eng.
@@ -118,7 +223,13 @@ func New(eng *engine.Engine, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Server{eng: eng, log: log}
+	s := &Server{eng: eng, log: log}
+	s.unknown.seen = map[string]bool{}
+	s.unknown.counter = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tollgate_rls_unknown_domain_requests_total",
+		Help: "Rate limit service requests for a domain no configuration defines, answered OK with no limit, by domain (the first 100 domains; the rest as other).",
+	}, []string{"domain"})
+	return s
 }
 
 // NewDomains returns the service on an engine per domain (one per
@@ -157,33 +268,52 @@ func ServerOptions() []grpc.ServerOption {
 // translated file's policy names its domain as tollgate's names allow
 // (erl.DomainName, which leaves a valid name as it is), where Envoy sends the domain
 // as the file spells it. The engine still checks that its policy decides that domain.
-func (s *Server) domain(name string) (Domain, string, error) {
+// ok is false for a domain the service does not decide.
+func (s *Server) domain(name string) (d Domain, domain string, ok bool) {
 	if s.eng != nil {
-		return Domain{Engine: s.eng}, name, nil
+		return Domain{Engine: s.eng}, name, name == s.eng.Policy().Domain
 	}
 	if m := s.domains.Load(); m != nil {
 		if d, ok := (*m)[name]; ok {
-			return d, erl.DomainName(name), nil
+			return d, erl.DomainName(name), true
 		}
 	}
-	return Domain{}, "", fmt.Errorf("unknown domain %.64q", name)
+	return Domain{}, "", false
 }
 
 // ShouldRateLimit decides every descriptor of req together. A caller's mistake is
 // INVALID_ARGUMENT; a Redis failure under the failure mode closed is UNAVAILABLE, so
 // that Envoy's failure_mode_deny decides, and under open or local an answer.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	dom, domain, err := s.domain(req.GetDomain())
-	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+	dom, domain, known := s.domain(req.GetDomain())
+	if !known {
+		if err := shape(req); err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		s.unknown.add(s.log, req.GetDomain())
+		resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors))}
+		for i := range resp.Statuses {
+			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		}
+		return resp, nil
 	}
 	eng := dom.Engine
-	plans, err := plan(eng, domain, req)
+	plans, unlimited, err := plan(eng, domain, dom.Unlimited, req)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	joint := engine.Join(plans)
 	joint.Replace(dom.Replaces)
+	// An unlimited rule has no items for Replace to find: what it replaces goes here.
+	var gone []string
+	for _, u := range unlimited {
+		if u != "" {
+			gone = append(gone, dom.Replaces[u]...)
+		}
+	}
+	if len(gone) > 0 {
+		joint.Items = slices.DeleteFunc(joint.Items, func(it engine.Item) bool { return slices.Contains(gone, it.Rule.Name) })
+	}
 	v := eng.Decide(ctx, joint)
 	if v.Reason == engine.ReasonUnavailable {
 		return nil, status.Error(codes.Unavailable, "tollgate: Redis is unavailable and the policy's failure mode is closed")
@@ -193,23 +323,72 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	for g := range plans {
-		resp.Statuses[g] = descriptorStatus(v, joint, g)
+		resp.Statuses[g] = descriptorStatus(v, joint, g, unlimited[g] != "", dom.Names)
 	}
-	for _, kv := range v.HeadersNamed(s.OneQuota) {
+	names := s.OneQuota
+	if s.EveryDescriptor {
+		names = algo.OneQuotaNames{}
+	}
+	for _, kv := range v.HeadersNamed(names) {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &commonv3.HeaderValue{Key: kv[0], Value: kv[1]})
+	}
+	if s.EveryDescriptor {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, everyDescriptor(resp.Statuses, s.OneQuota)...)
+	}
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT && (s.Shadow || s.Quota) {
+		// Passed: no Retry-After on an answer that lets the request through.
+		resp.OverallCode = rlsv3.RateLimitResponse_OK
+		resp.ResponseHeadersToAdd = slices.DeleteFunc(resp.ResponseHeadersToAdd, func(h *commonv3.HeaderValue) bool { return h.Key == "Retry-After" })
+		for _, st := range resp.Statuses {
+			if s.Quota && st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+				st.Code = rlsv3.RateLimitResponse_OK
+			}
+		}
 	}
 	return resp, nil
 }
 
-// plan turns each descriptor into a plan of eng for domain. A descriptor entry's key
-// is the attribute erl.AttrName names, which is the key itself when it is one of
-// tollgate's attribute names.
-func plan(eng *engine.Engine, domain string, req *rlsv3.RateLimitRequest) ([]engine.Plan, error) {
+// everyDescriptor returns the one-quota headers named by names for each status that
+// has a limit, in order: its requests per unit, its remaining and the seconds until
+// its reset.
+func everyDescriptor(sts []*rlsv3.RateLimitResponse_DescriptorStatus, names algo.OneQuotaNames) []*commonv3.HeaderValue {
+	var out []*commonv3.HeaderValue
+	for _, st := range sts {
+		if st.GetCurrentLimit() == nil {
+			continue
+		}
+		for _, f := range []struct {
+			name  string
+			value int64
+		}{{names.Limit, int64(st.CurrentLimit.GetRequestsPerUnit())}, {names.Remaining, int64(st.GetLimitRemaining())}, {names.Reset, algo.Seconds(st.GetDurationUntilReset().AsDuration())}} {
+			if f.name != "" {
+				out = append(out, &commonv3.HeaderValue{Key: f.name, Value: strconv.FormatInt(f.value, 10)})
+			}
+		}
+	}
+	return out
+}
+
+// shape checks what every request must be, whatever its domain: one descriptor at
+// least, at most MaxDescriptors.
+func shape(req *rlsv3.RateLimitRequest) error {
 	switch n := len(req.GetDescriptors()); {
 	case n == 0:
-		return nil, errors.New("no descriptors; send at least one")
+		return errors.New("no descriptors; send at least one")
 	case n > MaxDescriptors:
-		return nil, fmt.Errorf("%d descriptors; at most %d", n, MaxDescriptors)
+		return fmt.Errorf("%d descriptors; at most %d", n, MaxDescriptors)
+	}
+	return nil
+}
+
+// plan turns each descriptor into a plan of eng for domain, and names for each the
+// rule of those named unlimitedRules that reaches it, if any. A descriptor entry's key is the
+// attribute erl.AttrName names, which is the key itself when it is one of tollgate's
+// attribute names, or erl.EntryAttribute's of its place when an earlier entry has the
+// same key.
+func plan(eng *engine.Engine, domain string, unlimitedRules []string, req *rlsv3.RateLimitRequest) ([]engine.Plan, []string, error) {
+	if err := shape(req); err != nil {
+		return nil, nil, err
 	}
 	// As in ERL, a descriptor's hits_addend takes the place of the request's, which is
 	// 1 when unset (0); a descriptor's own 0 checks without charging.
@@ -220,19 +399,21 @@ func plan(eng *engine.Engine, domain string, req *rlsv3.RateLimitRequest) ([]eng
 		return int64(max(1, req.GetHitsAddend()))
 	}
 	plans := make([]engine.Plan, 0, len(req.Descriptors))
+	unlimited := make([]string, len(req.Descriptors))
 	for i, d := range req.Descriptors {
 		if err := supported(d); err != nil {
-			return nil, fmt.Errorf("descriptors[%d]: %w", i, err)
+			return nil, nil, fmt.Errorf("descriptors[%d]: %w", i, err)
 		}
 		if c, c0 := cost(d), cost(req.Descriptors[0]); c != c0 {
-			return nil, fmt.Errorf("descriptors[%d]: a cost (hits_addend) of %d where descriptors[0] has %d; tollgate decides every descriptor of a request together at one cost, so send one hits_addend", i, c, c0)
+			return nil, nil, fmt.Errorf("descriptors[%d]: a cost (hits_addend) of %d where descriptors[0] has %d; tollgate decides every descriptor of a request together at one cost, so send one hits_addend", i, c, c0)
 		}
 		attrs := make(map[string]string, len(d.GetEntries())+1)
 		keys := make([]string, 0, len(d.GetEntries()))
 		for j, e := range d.GetEntries() {
 			name := erl.AttrName(e.GetKey())
-			if _, dup := attrs[name]; dup || name == erl.KeysAttribute {
-				return nil, fmt.Errorf("descriptors[%d].entries[%d]: key %.64q appears twice or is reserved", i, j, e.GetKey())
+			if _, dup := attrs[name]; dup {
+				// A descriptor is an ordered list: a key may repeat.
+				name = erl.EntryAttribute(j)
 			}
 			attrs[name] = e.GetValue()
 			keys = append(keys, e.GetKey())
@@ -240,28 +421,57 @@ func plan(eng *engine.Engine, domain string, req *rlsv3.RateLimitRequest) ([]eng
 		// Rules translated from envoyproxy/ratelimit's configuration match on it.
 		attrs[erl.KeysAttribute] = strings.Join(keys, ",")
 		p, err := eng.Plan(engine.Request{Domain: domain, Attributes: attrs, Cost: cost(d)})
-		if err == nil && d.GetLimit() != nil {
+		switch {
+		case err == nil && d.GetLimit() != nil:
 			err = override(&p, eng.Policy(), d)
+		case err == nil && len(unlimitedRules) > 0:
+			unlimited[i] = reaches(eng.Policy(), unlimitedRules, p.Attributes)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("descriptors[%d]: %w", i, err)
+			return nil, nil, fmt.Errorf("descriptors[%d]: %w", i, err)
 		}
 		plans = append(plans, p)
 	}
-	return plans, nil
+	return plans, unlimited, nil
 }
 
-// descriptorStatus is the status of descriptor g of the joint plan p: its most
-// restrictive non-shadow limit in the verdict v, or OK with no limit when none of its
-// limits applies.
-func descriptorStatus(v engine.Verdict, p engine.Plan, g int) *rlsv3.RateLimitResponse_DescriptorStatus {
+// reaches returns the first of the rules of pol named names that applies to attrs and
+// is not replaced, or "": an unlimited rule has no items in a plan to say so.
+func reaches(pol *policy.Policy, names []string, attrs map[string]string) string {
+	for _, r := range pol.Rules {
+		if !r.Unlimited || !slices.Contains(names, r.Name) {
+			continue
+		}
+		if r.WhyNot(attrs) == "" && r.ReplacedBy(attrs) == "" {
+			return r.Name
+		}
+	}
+	return ""
+}
+
+// descriptorStatus is the status of descriptor g of the joint plan p, as
+// envoyproxy/ratelimit states it: its most restrictive non-shadow limit in the
+// verdict v, else its most restrictive shadow limit (OK, even when over), else OK with
+// no limit, and 4294967295 remaining when an unlimited rule reaches it. An
+// over-limit status has 0 remaining (tollgate charged nothing, so the count may still
+// have room for a smaller request; ERL reports 0).
+func descriptorStatus(v engine.Verdict, p engine.Plan, g int, unlimited bool, names map[string]string) *rlsv3.RateLimitResponse_DescriptorStatus {
 	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-	i := v.MostRestrictive(func(l engine.LimitResult) bool { return p.Items[l.Item].In(g) })
+	in := func(l engine.LimitResult) bool { return p.Items[l.Item].In(g) }
+	i := v.MostRestrictive(in)
 	if i < 0 {
+		i = algo.MostRestrictive(len(v.Limits), func(i int) (algo.Decision, bool) {
+			return v.Limits[i].Decision, v.Limits[i].Shadow && in(v.Limits[i])
+		})
+	}
+	if i < 0 {
+		if unlimited {
+			st.LimitRemaining = 1<<32 - 1
+		}
 		return st
 	}
 	pick := v.Limits[i]
-	if !pick.Allowed {
+	if !pick.Allowed && !pick.Shadow {
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	q, w := pick.Stated()
@@ -269,8 +479,14 @@ func descriptorStatus(v engine.Verdict, p engine.Plan, g int) *rlsv3.RateLimitRe
 	if u, ok := calendarUnits[pick.Spec.Calendar.Unit]; ok {
 		unit, per = u, uint32(min(q, 1<<32-1))
 	}
-	st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: pick.Quota, RequestsPerUnit: per, Unit: unit}
-	st.LimitRemaining = uint32(min(max(0, pick.Remaining), 1<<32-1))
+	name := pick.Quota
+	if names != nil {
+		name = names[pick.Rule]
+	}
+	st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: per, Unit: unit}
+	if pick.Allowed {
+		st.LimitRemaining = uint32(min(max(0, pick.Remaining), 1<<32-1))
+	}
 	st.DurationUntilReset = durationpb.New(pick.ResetAfter)
 	return st
 }
@@ -340,11 +556,16 @@ var calendarUnits = map[algo.CalendarUnit]rlsv3.RateLimitResponse_RateLimit_Unit
 // the window is a whole number of, with requests_per_unit scaled down to it (a
 // window that is no whole number of seconds is stated per second).
 func unitOf(w time.Duration, q int64) (rlsv3.RateLimitResponse_RateLimit_Unit, uint32) {
+	const day = 24 * time.Hour
 	units := []struct {
 		d time.Duration
 		u rlsv3.RateLimitResponse_RateLimit_Unit
 	}{
-		{24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY},
+		// envoyproxy/ratelimit's year, month and week: 365, 30 and 7 days.
+		{365 * day, rlsv3.RateLimitResponse_RateLimit_YEAR},
+		{30 * day, rlsv3.RateLimitResponse_RateLimit_MONTH},
+		{7 * day, rlsv3.RateLimitResponse_RateLimit_WEEK},
+		{day, rlsv3.RateLimitResponse_RateLimit_DAY},
 		{time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR},
 		{time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE},
 	}

@@ -180,8 +180,9 @@ func TestShouldRateLimit(t *testing.T) {
 }
 
 // TestHostileRequests gets INVALID_ARGUMENT, with a message, for what tollgate cannot
-// decide: an unknown domain, no or too many descriptors, a huge value, per-descriptor
-// costs or limits, a huge hits_addend.
+// decide: no or too many descriptors, a huge value, per-descriptor costs or limits, a
+// huge hits_addend. (An unknown domain is answered, as envoyproxy/ratelimit answers
+// it: TestUnknownDomain.)
 func TestHostileRequests(t *testing.T) {
 	t.Parallel()
 	c := client(t, "redis://"+redistest.StartServer(t).Addr, false)
@@ -200,7 +201,6 @@ func TestHostileRequests(t *testing.T) {
 		req  *rlsv3.RateLimitRequest
 		want string
 	}{
-		"unknown domain":      {&rlsv3.RateLimitRequest{Domain: "nope", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "x")}}, "unknown domain"},
 		"no descriptors":      {&rlsv3.RateLimitRequest{Domain: "rl"}, "no descriptors"},
 		"too many":            {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: many}, "at most 64"},
 		"huge value":          {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", strings.Repeat("v", 5000))}}, "longer than 1024 bytes"},
@@ -211,7 +211,6 @@ func TestHostileRequests(t *testing.T) {
 		"override too long":   {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_DAY, wrapperspb.UInt32(1<<32-1))}}, "send a shorter window"},
 		"override mult 0":     {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{withLimit(5, typev3.RateLimitUnit_DAY, wrapperspb.UInt32(0))}}, "limit.unit_multiplier is 0"},
 		"costs that differ":   {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{perCost, descriptor("key1", "y")}}, "descriptors[1]: a cost (hits_addend) of 1 where descriptors[0] has 7"},
-		"repeated key":        {&rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlv3.RateLimitDescriptor{descriptor("key1", "a", "key1", "b")}}, "appears twice"},
 	} {
 		_, err := c.ShouldRateLimit(context.Background(), tc.req)
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
@@ -280,7 +279,8 @@ func TestDescriptorLimitOverride(t *testing.T) {
 }
 
 // TestJSONEndpoint posts envoyproxy/ratelimit's /json requests: 200 until the limit,
-// then 429 with the statuses, and 400 with a message for garbage.
+// then 429 with the statuses, 200 OK for an unknown domain, and 400 with a message for
+// garbage.
 func TestJSONEndpoint(t *testing.T) {
 	t.Parallel()
 	eng := testEngine(t, "redis://"+redistest.StartServer(t).Addr, false)
@@ -300,7 +300,11 @@ func TestJSONEndpoint(t *testing.T) {
 			t.Errorf("over the limit: %s, want OVER_LIMIT", body)
 		}
 	}
-	for _, bad := range []string{`{`, `{"domain": "rl", "descriptors": "x"}`, `{"domain": "other", "descriptors": [{"entries": [{"key": "a", "value": "b"}]}]}`} {
+	// A domain the service does not decide is OK with no limit, as in ERL.
+	if code, body := post(`{"domain": "other", "descriptors": [{"entries": [{"key": "a", "value": "b"}]}]}`); code != 200 || !strings.Contains(body, `"OK"`) || strings.Contains(body, "currentLimit") {
+		t.Errorf("POST for an unknown domain = %d %s, want 200 OK with no limit", code, body)
+	}
+	for _, bad := range []string{`{`, `{"domain": "rl", "descriptors": "x"}`, `{"domain": "other", "descriptors": []}`} {
 		if code, body := post(bad); code != 400 || !strings.Contains(body, `"error"`) {
 			t.Errorf("POST %s = %d %s, want 400 with an error", bad, code, body)
 		}
