@@ -57,12 +57,13 @@ wasm-check:
 	GOOS=wasip1 GOARCH=wasm $(GO) build -o /dev/null ./shared/algo/... ./shared/memstore/...
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -o /dev/null ./wasmfilter/
 
-## lint: gofmt and go vet, of the product and of the tools module (scripts/)
+## lint: gofmt and go vet, of the product, the tools module (scripts/) and the deploy checks (deploy/)
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) -C scripts vet ./...
+	$(GO) -C deploy vet ./...
 
 ## fmt: gofmt every Go file
 fmt:
