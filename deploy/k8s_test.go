@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -13,7 +14,6 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"helm.sh/helm/v3/pkg/action"
-	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/lint"
@@ -25,6 +25,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 )
 
@@ -34,6 +35,9 @@ const (
 	chartDir         = "helm/tollgate"
 	releaseName      = "tollgate"
 	releaseNamespace = "tollgate"
+	// kubeVersion is the cluster the chart is rendered for (Helm's library would
+	// otherwise assume v1.20, older than the chart's kubeVersion allows).
+	kubeVersion = "v1.33.0"
 )
 
 // valueSets are the values the chart is linted and rendered with: its defaults,
@@ -66,7 +70,11 @@ func TestChartLint(t *testing.T) {
 	for _, vs := range valueSets {
 		t.Run(vs.name, func(t *testing.T) {
 			vals := readValues(t, vs.file)
-			linter := lint.AllWithKubeVersion(chartDir, vals, releaseNamespace, nil)
+			kv, err := chartutil.ParseKubeVersion(kubeVersion)
+			if err != nil {
+				t.Fatal(err)
+			}
+			linter := lint.AllWithKubeVersion(chartDir, vals, releaseNamespace, kv)
 			for _, m := range linter.Messages {
 				if m.Severity >= support.WarningSev {
 					t.Errorf("helm lint: %s", m)
@@ -89,15 +97,23 @@ func render(t *testing.T, vals map[string]any) string {
 }
 
 func renderErr(vals map[string]any) (string, error) {
+	return renderChart(vals, false)
+}
+
+// renderChart renders the chart; skipSchema skips values.schema.json, as
+// helm template --skip-schema-validation does, to reach the templates' own checks.
+func renderChart(vals map[string]any, skipSchema bool) (string, error) {
 	ch, err := loader.Load(chartDir)
 	if err != nil {
 		return "", err
 	}
-	return renderChart(ch, vals)
-}
-
-func renderChart(ch *chart.Chart, vals map[string]any) (string, error) {
+	kv, err := chartutil.ParseKubeVersion(kubeVersion)
+	if err != nil {
+		return "", err
+	}
 	install := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
+	install.KubeVersion = kv
+	install.SkipSchemaValidation = skipSchema
 	install.ClientOnly = true
 	install.DryRun = true
 	install.Replace = true
@@ -186,10 +202,25 @@ func decodeManifest(manifest string) (objects, error) {
 
 func appendStrict[T any](list []*T, doc string) ([]*T, error) {
 	v := new(T)
-	if err := yaml.UnmarshalStrict([]byte(doc), v); err != nil {
+	if err := unmarshalStrict([]byte(doc), v); err != nil {
 		return list, err
 	}
 	return append(list, v), nil
+}
+
+// unmarshalStrict decodes YAML as the Kubernetes API server reads JSON: field names
+// match case-sensitively (encoding/json would take targetport for targetPort), and
+// a field the type does not have, or a key given twice, is an error.
+func unmarshalStrict(doc []byte, v any) error {
+	j, err := yaml.YAMLToJSONStrict(doc)
+	if err != nil {
+		return err
+	}
+	strict, err := kjson.UnmarshalStrict(j, v, kjson.DisallowDuplicateFields, kjson.DisallowUnknownFields)
+	if err != nil {
+		return err
+	}
+	return errors.Join(strict...)
 }
 
 // firstLine names a rendered document by helm's "# Source: ..." comment.
@@ -395,19 +426,21 @@ func checkService(t *testing.T, s *corev1.Service, d *appsv1.Deployment) {
 // the render with a message that names the value and the fix.
 func TestChartRefusesBadValues(t *testing.T) {
 	tests := []struct {
-		name string
-		vals map[string]any
-		want string
+		name       string
+		vals       map[string]any
+		skipSchema bool // reach the template's check behind the schema's
+		want       string
 	}{
-		{"unknown redis type", map[string]any{"redis": map[string]any{"type": "clustered"}}, "redis.type"},
-		{"empty redis url", map[string]any{"redis": map[string]any{"url": ""}}, "redis.url"},
-		{"misspelt value", map[string]any{"redis": map[string]any{"urll": "redis:6379"}}, "urll"},
-		{"redis type by schema", map[string]any{"redis": map[string]any{"type": "Cluster"}}, "redis.type"},
-		{"both disruption bounds", map[string]any{"podDisruptionBudget": map[string]any{"minAvailable": 1, "maxUnavailable": 1}}, "not both"},
+		{"unknown redis type (schema)", map[string]any{"redis": map[string]any{"type": "clustered"}}, false, "/redis/type"},
+		{"unknown redis type (template)", map[string]any{"redis": map[string]any{"type": "clustered"}}, true, "redis.type \"clustered\": write single, sentinel or cluster"},
+		{"misspelt value", map[string]any{"redis": map[string]any{"urll": "redis:6379"}}, false, "urll"},
+		{"misspelt top-level value", map[string]any{"replicas": 3}, false, "replicas"},
+		{"empty redis url", map[string]any{"redis": map[string]any{"url": ""}}, false, "redis.url"},
+		{"both disruption bounds", map[string]any{"podDisruptionBudget": map[string]any{"minAvailable": 1, "maxUnavailable": 1}}, false, "not both"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := renderErr(tt.vals)
+			_, err := renderChart(tt.vals, tt.skipSchema)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("helm template = %v, want an error naming %q", err, tt.want)
 			}
@@ -461,11 +494,11 @@ func TestStrictDecodeRejectsTypos(t *testing.T) {
 	t.Run("Envoy Gateway BackendTrafficPolicy", func(t *testing.T) {
 		b := readFile(t, "examples/envoy-gateway/backendtrafficpolicy.yaml")
 		var ok backendTrafficPolicy
-		if err := yaml.UnmarshalStrict(b, &ok); err != nil {
+		if err := unmarshalStrict(b, &ok); err != nil {
 			t.Fatalf("the correct example does not decode: %v", err)
 		}
 		var bad backendTrafficPolicy
-		if err := yaml.UnmarshalStrict(bytes.Replace(b, []byte("clientSelectors:"), []byte("clientSelector:"), 1), &bad); err == nil {
+		if err := unmarshalStrict(bytes.Replace(b, []byte("clientSelectors:"), []byte("clientSelector:"), 1), &bad); err == nil {
 			t.Error("BackendTrafficPolicy with clientSelector decodes, want an error")
 		}
 	})
@@ -539,7 +572,7 @@ func TestExamples(t *testing.T) {
 		}
 
 		var cm corev1.ConfigMap
-		if err := yaml.UnmarshalStrict(readFile(t, "examples/istio/ratelimit-config.yaml"), &cm); err != nil {
+		if err := unmarshalStrict(readFile(t, "examples/istio/ratelimit-config.yaml"), &cm); err != nil {
 			t.Fatalf("ratelimit-config.yaml: %v", err)
 		}
 		d := objs.deployments[0]
@@ -563,7 +596,7 @@ func TestExamples(t *testing.T) {
 
 	t.Run("envoy gateway", func(t *testing.T) {
 		var p backendTrafficPolicy
-		if err := yaml.UnmarshalStrict(readFile(t, "examples/envoy-gateway/backendtrafficpolicy.yaml"), &p); err != nil {
+		if err := unmarshalStrict(readFile(t, "examples/envoy-gateway/backendtrafficpolicy.yaml"), &p); err != nil {
 			t.Fatalf("backendtrafficpolicy.yaml: %v", err)
 		}
 		if p.APIVersion != "gateway.envoyproxy.io/v1alpha1" || p.Kind != "BackendTrafficPolicy" || len(p.Spec.RateLimit.Global.Rules) == 0 {
@@ -575,7 +608,7 @@ func TestExamples(t *testing.T) {
 			}
 		}
 		var v gatewayHelmValues
-		if err := yaml.UnmarshalStrict(readFile(t, "examples/envoy-gateway/gateway-helm-values.yaml"), &v); err != nil {
+		if err := unmarshalStrict(readFile(t, "examples/envoy-gateway/gateway-helm-values.yaml"), &v); err != nil {
 			t.Fatalf("gateway-helm-values.yaml: %v", err)
 		}
 		eg := v.Config.EnvoyGateway
@@ -686,7 +719,7 @@ func checkEnvoyFilters(b []byte) error {
 			Metadata        metav1.ObjectMeta `json:"metadata"`
 			Spec            json.RawMessage   `json:"spec"`
 		}
-		if err := yaml.UnmarshalStrict(doc, &obj); err != nil {
+		if err := unmarshalStrict(doc, &obj); err != nil {
 			return fmt.Errorf("document %d: %w", i+1, err)
 		}
 		if obj.APIVersion != "networking.istio.io/v1alpha3" || obj.Kind != "EnvoyFilter" {

@@ -322,3 +322,33 @@ func names(files map[string]file) []string {
 	}
 	return out
 }
+
+// FuzzParsePlatforms checks that any -platforms value is either refused or read into
+// linux platforms that read back the same.
+func FuzzParsePlatforms(f *testing.F) {
+	for _, s := range []string{"linux/amd64", "linux/amd64,linux/arm64", "linux/arm/v7", "windows/amd64", "", ",", "linux", "linux/amd64/v2/x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := parsePlatforms(s)
+		if err != nil {
+			return
+		}
+		var back []string
+		for _, p := range got {
+			if p.OS != "linux" {
+				t.Fatalf("parsePlatforms(%q) gave %s, want linux only", s, p.String())
+			}
+			back = append(back, p.String())
+		}
+		again, err := parsePlatforms(strings.Join(back, ","))
+		if err != nil || len(again) != len(got) {
+			t.Fatalf("parsePlatforms(%q) = %v, which reads back as %v, %v", s, back, again, err)
+		}
+		for i := range again {
+			if again[i].String() != back[i] {
+				t.Fatalf("parsePlatforms(%q): %s reads back as %s", s, back[i], again[i].String())
+			}
+		}
+	})
+}
