@@ -6,13 +6,13 @@ GO ?= go
 POLICY ?= lambda/policy.yaml
 .DEFAULT_GOAL := help
 
-.PHONY: help all run demo test test-go deps wasm-check lint fmt tf-check bench bench-core bench-erl bench-filter package invoke wasm soak
+.PHONY: help all run demo test test-go deps wasm-check lint fmt tf-check bench bench-core bench-erl bench-filter package invoke wasm soak image
 
 ## help: list the targets (the default target)
 help:
 	@echo "usage: make TARGET [VARIABLE=value ...]; the targets:"
 	@awk 'sub(/^## /, "") { i = index($$0, ":"); printf "  %-13s %s\n", substr($$0, 1, i - 1), substr($$0, i + 2) }' $(firstword $(MAKEFILE_LIST))
-	@echo "variables: POLICY=FILE (run, demo, invoke), LISTEN=ADDR and ARGS='--flag value ...' (run), PKGS (test-go), EVENT=FILE N=COUNT (invoke), SOAK_DURATION (soak), GO"
+	@echo "variables: POLICY=FILE (run, demo, invoke), LISTEN=ADDR and ARGS='--flag value ...' (run), PKGS (test-go), EVENT=FILE N=COUNT (invoke), SOAK_DURATION (soak), IMAGE_PLATFORMS (image), GO"
 	@echo "run's settings also come from the service's environment variables (go run ./lambda/limiter --help lists them)"
 
 ## all: the same as test
@@ -57,12 +57,13 @@ wasm-check:
 	GOOS=wasip1 GOARCH=wasm $(GO) build -o /dev/null ./shared/algo/... ./shared/memstore/...
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -o /dev/null ./wasmfilter/
 
-## lint: gofmt and go vet, of the product and of the tools module (scripts/)
+## lint: gofmt and go vet, of the product, the tools module (scripts/) and the deploy checks (deploy/)
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) -C scripts vet ./...
+	$(GO) -C deploy vet ./...
 
 ## fmt: gofmt every Go file
 fmt:
@@ -96,6 +97,11 @@ package:
 ## invoke: run the authorizer handler on an event against the embedded Redis: make invoke EVENT=events/rest-request-authorizer.json N=3
 invoke:
 	EVENT="$(EVENT)" N="$(N)" POLICY="$(POLICY)" scripts/invoke.sh
+
+## image: the decision service's OCI image without Docker: dist/image/oci (an OCI layout, IMAGE_PLATFORMS, default linux/amd64,linux/arm64) and dist/image/tollgate-linux-ARCH.tar (docker load); non-root, no shell
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
+image:
+	$(GO) -C scripts run ./image -out dist/image -platforms $(IMAGE_PLATFORMS)
 
 ## wasm: the Envoy filter as dist/tollgate.wasm, with the Go toolchain alone (GOOS=wasip1 -buildmode=c-shared)
 wasm:
