@@ -11,69 +11,9 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/tollgate-dev/tollgate/shared/configmaptest"
 	"github.com/tollgate-dev/tollgate/shared/reload"
 )
-
-// configMap is a directory that Kubernetes' atomic writer keeps: each file a link
-// into ..data, ..data a link to the timestamped directory of the last update.
-type configMap struct {
-	t   testing.TB
-	dir string
-	n   int
-}
-
-// stage writes files into a new timestamped directory without publishing it (an
-// update half done) and returns its name.
-func (c *configMap) stage(files map[string]string) string {
-	c.t.Helper()
-	c.n++
-	ts := fmt.Sprintf("..2026_11_27_20_00_%02d.%d", c.n%60, c.n)
-	if err := os.Mkdir(filepath.Join(c.dir, ts), 0o755); err != nil {
-		c.t.Fatal(err)
-	}
-	for name, body := range files {
-		if err := os.WriteFile(filepath.Join(c.dir, ts, name), []byte(body), 0o644); err != nil {
-			c.t.Fatal(err)
-		}
-	}
-	return ts
-}
-
-// publish swaps ..data to ts as the atomic writer does (a new link renamed over the
-// old one), links each of files' names into ..data, removes the links of names no
-// longer there and the previous timestamped directory.
-func (c *configMap) publish(ts string, files map[string]string) {
-	c.t.Helper()
-	old, _ := os.Readlink(filepath.Join(c.dir, "..data"))
-	tmp := filepath.Join(c.dir, "..data_tmp")
-	if err := os.Symlink(ts, tmp); err != nil {
-		c.t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(c.dir, "..data")); err != nil {
-		c.t.Fatal(err)
-	}
-	for name := range files {
-		link := filepath.Join(c.dir, name)
-		if _, err := os.Lstat(link); err != nil {
-			if err := os.Symlink(filepath.Join("..data", name), link); err != nil {
-				c.t.Fatal(err)
-			}
-		}
-	}
-	entries, _ := os.ReadDir(c.dir)
-	for _, e := range entries {
-		if _, keep := files[e.Name()]; !keep && !strings.HasPrefix(e.Name(), "..") {
-			os.Remove(filepath.Join(c.dir, e.Name()))
-		}
-	}
-	if old != "" {
-		if err := os.RemoveAll(filepath.Join(c.dir, old)); err != nil {
-			c.t.Fatal(err)
-		}
-	}
-}
-
-func (c *configMap) update(files map[string]string) { c.t.Helper(); c.publish(c.stage(files), files) }
 
 // version is the test's configuration: every file says "version: N", and a valid
 // directory's files all say the same N.
@@ -113,11 +53,11 @@ func versionFiles(v string, names ...string) map[string]string {
 // or removed is an update too.
 func TestDirConfigMap(t *testing.T) {
 	t.Parallel()
-	cm := &configMap{t: t, dir: t.TempDir()}
-	cm.update(versionFiles("1", "a.yaml", "b.yaml"))
+	cm := &configmaptest.Volume{T: t, Dir: t.TempDir()}
+	cm.Update(versionFiles("1", "a.yaml", "b.yaml"))
 	var running atomic.Value
 	r, v, err := reload.LoadOf(context.Background(), reload.ConfigOf[string]{
-		Source: reload.Dir{Path: cm.dir},
+		Source: reload.Dir{Path: cm.Dir},
 		Parse:  version,
 		Apply:  func(v string) error { running.Store(v); return nil },
 		Logger: slog.New(slog.DiscardHandler),
@@ -137,25 +77,25 @@ func TestDirConfigMap(t *testing.T) {
 		}
 	}
 	step("no change", reload.Unchanged, "1")
-	cm.update(versionFiles("2", "a.yaml", "b.yaml"))
+	cm.Update(versionFiles("2", "a.yaml", "b.yaml"))
 	step("update to 2", reload.Applied, "2")
 
 	// Half done: the new directory is written (one file of two so far), ..data not
 	// yet swapped.
 	half := versionFiles("3", "a.yaml")
-	ts := cm.stage(half)
+	ts := cm.Stage(half)
 	step("update 3 staged, not published", reload.Unchanged, "2")
-	os.WriteFile(filepath.Join(cm.dir, ts, "b.yaml"), []byte("version: 3"), 0o644)
-	cm.publish(ts, versionFiles("3", "a.yaml", "b.yaml"))
+	os.WriteFile(filepath.Join(cm.Dir, ts, "b.yaml"), []byte("version: 3"), 0o644)
+	cm.Publish(ts, versionFiles("3", "a.yaml", "b.yaml"))
 	step("update 3 published", reload.Applied, "3")
 
-	cm.update(map[string]string{"a.yaml": "version: 4", "b.yaml": "version: 3"})
+	cm.Update(map[string]string{"a.yaml": "version: 4", "b.yaml": "version: 3"})
 	step("invalid update (files disagree)", reload.Invalid, "3")
-	cm.update(versionFiles("5", "a.yaml", "b.yaml", "c.yaml"))
+	cm.Update(versionFiles("5", "a.yaml", "b.yaml", "c.yaml"))
 	step("a file added", reload.Applied, "5")
-	cm.update(versionFiles("5", "a.yaml"))
+	cm.Update(versionFiles("5", "a.yaml"))
 	step("a file removed", reload.Applied, "5")
-	if files, err := (reload.Dir{Path: cm.dir}).Files(); err != nil || len(files) != 1 || files[0].Name != "a.yaml" {
+	if files, err := (reload.Dir{Path: cm.Dir}).Files(); err != nil || len(files) != 1 || files[0].Name != "a.yaml" {
 		t.Errorf("Files() after removing b and c = %v, %v; want a.yaml alone", files, err)
 	}
 }
@@ -165,11 +105,11 @@ func TestDirConfigMap(t *testing.T) {
 // that a swap interrupts fails and the next one succeeds.
 func TestDirConfigMapSwapsUnderReads(t *testing.T) {
 	t.Parallel()
-	cm := &configMap{t: t, dir: t.TempDir()}
+	cm := &configmaptest.Volume{T: t, Dir: t.TempDir()}
 	names := []string{"a.yaml", "b.yaml", "c.yaml", "d.yaml"}
-	cm.update(versionFiles("0", names...))
+	cm.Update(versionFiles("0", names...))
 	r, _, err := reload.LoadOf(context.Background(), reload.ConfigOf[string]{
-		Source: reload.Dir{Path: cm.dir},
+		Source: reload.Dir{Path: cm.Dir},
 		Parse:  version,
 		Apply:  func(string) error { return nil },
 		Logger: slog.New(slog.DiscardHandler),
@@ -186,7 +126,7 @@ func TestDirConfigMapSwapsUnderReads(t *testing.T) {
 				return
 			default:
 			}
-			cm.update(versionFiles(fmt.Sprint(i), names...))
+			cm.Update(versionFiles(fmt.Sprint(i), names...))
 		}
 	})
 	results := map[string]int{}
