@@ -65,11 +65,15 @@ func TestLoadConfigERL(t *testing.T) {
 			want{"0.0.0.0:8080", "0.0.0.0:8081", "0.0.0.0:6070", "/srv/runtime_data/current/ratelimit/config", "redis://10.0.0.1:6379", "warn", "text", false}},
 		{"watching the directory, no subdirectory", erlBase(map[string]string{"RUNTIME_SUBDIRECTORY": ""}), nil, with(func(w *want) { w.dir = "/data/config" })},
 		{"ports and hosts", erlBase(map[string]string{"HOST": "127.0.0.1", "PORT": "9080", "GRPC_HOST": "127.0.0.2", "GRPC_PORT": "9081", "DEBUG_HOST": "127.0.0.3", "DEBUG_PORT": "9070", "RUNTIME_APPDIRECTORY": "rl"}), nil,
-			with(func(w *want) { w.listen, w.grpc, w.debug, w.dir = "127.0.0.1:9080", "127.0.0.2:9081", "127.0.0.3:9070", "/data/ratelimit/rl" })},
+			with(func(w *want) {
+				w.listen, w.grpc, w.debug, w.dir = "127.0.0.1:9080", "127.0.0.2:9081", "127.0.0.3:9070", "/data/ratelimit/rl"
+			})},
 		{"gRPC on a Unix socket", erlBase(map[string]string{"GRPC_UDS": "/tmp/rl.sock"}), nil, with(func(w *want) { w.grpc = "unix:/tmp/rl.sock" })},
 		{"JSON log", erlBase(map[string]string{"LOG_FORMAT": "JSON", "LOG_LEVEL": "Warning"}), nil, with(func(w *want) { w.format, w.level = "json", "warn" })},
 		{"tollgate's variables win", erlBase(map[string]string{"TOLLGATE_LISTEN": ":1", "TOLLGATE_GRPC_LISTEN": ":2", "TOLLGATE_DEBUG_LISTEN": ":3", "TOLLGATE_ERL_CONFIG": "/etc/rl", "TOLLGATE_LOG_FORMAT": "json", "TOLLGATE_LOG_LEVEL": "error"}), nil,
-			with(func(w *want) { w.listen, w.grpc, w.debug, w.dir, w.format, w.level = ":1", ":2", ":3", "/etc/rl", "json", "error" })},
+			with(func(w *want) {
+				w.listen, w.grpc, w.debug, w.dir, w.format, w.level = ":1", ":2", ":3", "/etc/rl", "json", "error"
+			})},
 		{"tollgate's flags win", erlBase(map[string]string{"TOLLGATE_LISTEN": ":1"}), []string{"--listen", ":4", "--grpc-listen", ":5", "--erl-config", "/x", "--redis", "redis://r:1", "--log-level", "info"},
 			with(func(w *want) { w.listen, w.grpc, w.dir, w.redis, w.level = ":4", ":5", "/x", "redis://r:1", "info" })},
 		{"cluster", erlBase(map[string]string{"REDIS_TYPE": "cluster", "REDIS_URL": "a:7000,b:7001, c:7002"}), nil,
