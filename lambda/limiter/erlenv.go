@@ -277,7 +277,8 @@ func erlRedisURL(getenv func(string) string) (string, bool, error) {
 	q := url.Values{}
 	switch kind {
 	case "single":
-		if len(addrs) != 1 {
+		addrs = []string{raw} // ERL splits the URL only for a cluster or Sentinel
+		if socket == "tcp" && strings.Contains(raw, ",") {
 			return "", false, fmt.Errorf("REDIS_URL=%q with REDIS_TYPE=single: want one host:port (or a socket's path); for several nodes set REDIS_TYPE=cluster or sentinel", raw)
 		}
 		if socket == "unix" {
