@@ -368,3 +368,57 @@ func TestERLHealthNeedsConfig(t *testing.T) {
 		t.Errorf("/healthcheck after SIGTERM = %d, want 500", got)
 	}
 }
+
+// TestERLMergeShadowUDS serves two files of one domain, joined by
+// MERGE_DOMAIN_CONFIG (refused without it), in SHADOW_MODE (an answer over the
+// limit becomes OK, its descriptor's status still OVER_LIMIT), over gRPC on the Unix
+// socket GRPC_UDS names.
+func TestERLMergeShadowUDS(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	dir := filepath.Join(root, "rl", "config")
+	os.MkdirAll(dir, 0o755)
+	os.WriteFile(filepath.Join(dir, "a.yaml"), []byte("domain: d\ndescriptors:\n  - key: k1\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "b.yaml"), []byte("domain: d\ndescriptors:\n  - key: k2\n    rate_limit: {unit: minute, requests_per_unit: 2}\n"), 0o644)
+	sock := filepath.Join(t.TempDir(), "rl.sock")
+	base := map[string]string{"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "rl", "GRPC_UDS": sock, "REDIS_URL": redistest.StartServer(t).Addr, "REDIS_SOCKET_TYPE": "tcp"}
+	c, err := loadConfig(env(base), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newService(context.Background(), c, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "MERGE_DOMAIN_CONFIG") {
+		t.Fatalf("newService with domain d in two files = %v, want an error naming MERGE_DOMAIN_CONFIG", err)
+	}
+	base["MERGE_DOMAIN_CONFIG"], base["SHADOW_MODE"] = "true", "true"
+	if c, err = loadConfig(env(base), nil); err != nil {
+		t.Fatal(err)
+	}
+	s, err := newService(context.Background(), c, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ln, err := listen(c.GRPCListen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(grpcOptions(c)...)
+	rlsv3.RegisterRateLimitServiceServer(gs, s.rls)
+	go gs.Serve(ln)
+	defer gs.Stop()
+	conn, err := grpc.NewClient("unix:"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		r, err := ask(t, client, "d", 1, "k1", "v")
+		if err != nil || r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].Code != want {
+			t.Errorf("k1 request %d in shadow mode = %v, %v; want overall OK, descriptor %v", i+1, r, err, want)
+		}
+	}
+	if r, err := ask(t, client, "d", 1, "k2", "v"); err != nil || r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 2 {
+		t.Errorf("k2 (from b.yaml, merged) = %v, %v; want its limit of 2 a minute", r, err)
+	}
+}

@@ -699,8 +699,8 @@ const usage = `limiter is tollgate's HTTP decision service.
 
 usage:
   limiter [FLAGS]
-      serves decisions: POST /v1/check, /healthz, /readyz, /metrics (and Envoy's
-      gRPC RateLimitService with --grpc-listen)
+      serves decisions: POST /v1/check, /healthz, /readyz, /metrics, /healthcheck
+      (and Envoy's gRPC RateLimitService with --grpc-listen, POST /json)
   limiter policy check FILE...
       lists every problem of each policy file; exit status 1 if any has one
   limiter policy explain [--redis URL] [--cluster] FILE [ATTRIBUTE=VALUE...]
@@ -724,6 +724,9 @@ environment only:
       ElastiCache authentication: a Secrets Manager secret, or IAM; needs a rediss:// URL
   LIMIT_RESPONSE_HEADERS_ENABLED, LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER
       envoyproxy/ratelimit's one-limit response headers on gRPC and POST /json (off by default)
+  RUNTIME_ROOT, RUNTIME_SUBDIRECTORY, PORT, GRPC_PORT, REDIS_TYPE, ... (envoyproxy/ratelimit's)
+      with a RUNTIME_ variable set, serve its configuration directory on its ports;
+      a flag or TOLLGATE_ variable wins (docs/erl.md lists every one)
   GOGC (default here 400), GOMEMLIMIT (default on Lambda 90% of the function's memory)
   AWS_LAMBDA_RUNTIME_API
       set by Lambda: serve a Function URL instead of listening

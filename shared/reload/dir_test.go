@@ -180,3 +180,20 @@ func TestDirPlain(t *testing.T) {
 		t.Errorf("Files() of a missing directory, allowed = %q, want none", got)
 	}
 }
+
+// FuzzDecodeDir decodes any document without panicking, and a directory's document
+// back to its files.
+func FuzzDecodeDir(f *testing.F) {
+	f.Add([]byte(`[{"name":"a.yaml","data":"ZG9tYWluOiBk"}]`))
+	f.Add([]byte(`[]`))
+	f.Add([]byte(`{"name":1}`))
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		files, err := reload.DecodeDir(doc)
+		if err != nil {
+			return
+		}
+		for _, f := range files {
+			_ = f.Name
+		}
+	})
+}
