@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -18,6 +19,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 )
@@ -108,40 +113,126 @@ func TestERLRedisSettings(t *testing.T) {
 	}
 }
 
+// testCA is a certificate authority of a test's own, writing PEM files into dir.
+type testCA struct {
+	t    *testing.T
+	dir  string
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	file string // the CA's certificate
+}
+
+func newTestCA(t *testing.T) *testCA {
+	t.Helper()
+	ca := &testCA{t: t, dir: t.TempDir()}
+	ca.key, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &ca.key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca.cert, _ = x509.ParseCertificate(der)
+	ca.file = ca.write("ca.pem", "CERTIFICATE", der)
+	return ca
+}
+
+func (ca *testCA) write(name, typ string, b []byte) string {
+	p := filepath.Join(ca.dir, name)
+	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}), 0o600); err != nil {
+		ca.t.Fatal(err)
+	}
+	return p
+}
+
+// issue writes a certificate for name (a host name or an IP address), for usage,
+// and its key, and returns their files.
+func (ca *testCA) issue(name string, usage x509.ExtKeyUsage) (cert, key string) {
+	ca.t.Helper()
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}}
+	if ip := net.ParseIP(name); ip != nil {
+		tmpl.IPAddresses = []net.IP{ip}
+	} else {
+		tmpl.DNSNames = []string{name}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &k.PublicKey, ca.key)
+	if err != nil {
+		ca.t.Fatal(err)
+	}
+	kder, _ := x509.MarshalECPrivateKey(k)
+	return ca.write(name+".pem", "CERTIFICATE", der), ca.write(name+"-key.pem", "EC PRIVATE KEY", kder)
+}
+
 // tlsRedis starts a redis-server that serves TLS only, with a certificate for name
 // signed by a CA of its own, and returns its address and the CA's file.
 func tlsRedis(t *testing.T, name string) (addr, caFile string) {
 	t.Helper()
+	ca := newTestCA(t)
+	cert, key := ca.issue(name, x509.ExtKeyUsageServerAuth)
+	port := freePort(t)
+	redistest.StartServer(t, redistest.WithArgs("--tls-port", port, "--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", ca.file, "--tls-auth-clients", "no"))
+	return "127.0.0.1:" + port, ca.file
+}
+
+// TestERLGRPCServerTLS serves gRPC over TLS from ERL's GRPC_SERVER_USE_TLS
+// settings, requiring clients to present a certificate of GRPC_CLIENT_TLS_CACERT's
+// CA for GRPC_CLIENT_TLS_SAN: such a client is answered; one without a
+// certificate, or with one for another name, is not.
+func TestERLGRPCServerTLS(t *testing.T) {
+	t.Parallel()
+	ca := newTestCA(t)
+	serverCert, serverKey := ca.issue("127.0.0.1", x509.ExtKeyUsageServerAuth)
 	dir := t.TempDir()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	os.WriteFile(filepath.Join(dir, "basic.yaml"), []byte(erlTestdata(t, "basic.yaml")), 0o644)
+	c, err := loadConfig(env(map[string]string{"RUNTIME_ROOT": filepath.Dir(dir), "RUNTIME_SUBDIRECTORY": ".", "RUNTIME_APPDIRECTORY": filepath.Base(dir),
+		"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": serverCert, "GRPC_SERVER_TLS_KEY": serverKey,
+		"GRPC_CLIENT_TLS_CACERT": ca.file, "GRPC_CLIENT_TLS_SAN": "envoy.client"}), []string{"--redis", "", "--grpc-listen", "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	if ip := net.ParseIP(name); ip != nil {
-		tmpl.DNSNames, tmpl.IPAddresses = nil, []net.IP{ip}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	s, err := newService(context.Background(), c, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	kder, _ := x509.MarshalECPrivateKey(key)
-	write := func(name, typ string, b []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}), 0o600); err != nil {
+	defer s.Close()
+	ln, err := listen(c.GRPCListen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(grpcOptions(c)...)
+	rlsv3.RegisterRateLimitServiceServer(gs, s.rls)
+	go gs.Serve(ln)
+	defer gs.Stop()
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.cert)
+	for _, tc := range []struct {
+		name   string
+		client string // the client certificate's name; empty: none
+		ok     bool
+	}{
+		{"the SAN's certificate", "envoy.client", true},
+		{"another name's certificate", "intruder.client", false},
+		{"no certificate", "", false},
+	} {
+		cfg := &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
+		if tc.client != "" {
+			cert, key := ca.issue(tc.client, x509.ExtKeyUsageClientAuth)
+			pair, err := tls.LoadX509KeyPair(cert, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Certificates = []tls.Certificate{pair}
+		}
+		conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		if err != nil {
 			t.Fatal(err)
 		}
-		return p
+		r, err := ask(t, rlsv3.NewRateLimitServiceClient(conn), "basic", 1, "key1", tc.name)
+		conn.Close()
+		if ok := err == nil && r.OverallCode == rlsv3.RateLimitResponse_OK; ok != tc.ok {
+			t.Errorf("%s: ShouldRateLimit = %v, %v; want answered %v", tc.name, r, err, tc.ok)
+		}
 	}
-	caFile = write("ca.pem", "CERTIFICATE", caDER)
-	cert, keyFile := write("cert.pem", "CERTIFICATE", der), write("key.pem", "EC PRIVATE KEY", kder)
-	port := freePort(t)
-	redistest.StartServer(t, redistest.WithArgs("--tls-port", port, "--tls-cert-file", cert, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile, "--tls-auth-clients", "no"))
-	return "127.0.0.1:" + port, caFile
 }
