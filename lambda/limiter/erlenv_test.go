@@ -422,3 +422,43 @@ func TestERLMergeShadowUDS(t *testing.T) {
 		t.Errorf("k2 (from b.yaml, merged) = %v, %v; want its limit of 2 a minute", r, err)
 	}
 }
+
+// TestERLHealthFollowsRedis sets REDIS_HEALTH_CHECK_ACTIVE_CONNECTION: /healthcheck
+// answers 500 once Redis is gone (its circuit breaker open), and 200 while it
+// answers.
+func TestERLHealthFollowsRedis(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "basic.yaml"), []byte(erlTestdata(t, "basic.yaml")), 0o644)
+	c, err := loadConfig(env(map[string]string{"RUNTIME_ROOT": filepath.Dir(dir), "RUNTIME_SUBDIRECTORY": ".", "RUNTIME_APPDIRECTORY": filepath.Base(dir),
+		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": srv.Addr, "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "true"}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newService(context.Background(), c, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	check := func() int {
+		rec := httptest.NewRecorder()
+		s.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthcheck", nil))
+		return rec.Code
+	}
+	decide := func() {
+		rec := httptest.NewRecorder()
+		s.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(`{"domain": "basic", "descriptors": [{"entries": [{"key": "key1", "value": "x"}]}]}`)))
+	}
+	decide()
+	if got := check(); got != http.StatusOK {
+		t.Fatalf("/healthcheck with Redis up = %d, want 200", got)
+	}
+	srv.Kill()
+	for i := 0; check() == http.StatusOK; i++ {
+		if i == 100 {
+			t.Fatal("/healthcheck still 200 after 100 decisions with Redis gone")
+		}
+		decide()
+	}
+}
