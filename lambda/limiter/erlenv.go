@@ -283,7 +283,7 @@ func erlRedisURL(getenv func(string) string) (string, bool, error) {
 		}
 		if socket == "unix" {
 			if _, port, err := net.SplitHostPort(raw); err == nil && port != "" && !strings.Contains(raw, "/") {
-				return "", false, fmt.Errorf("REDIS_URL=%q looks like host:port, but REDIS_SOCKET_TYPE is unix (envoyproxy/ratelimit's default), which takes a socket's path; set REDIS_SOCKET_TYPE=tcp", raw)
+				return "", false, fmt.Errorf("REDIS_URL=%q looks like host:port, but REDIS_SOCKET_TYPE is unix (envoyproxy/ratelimit's default), which takes a socket's path; set REDIS_SOCKET_TYPE=tcp, or write REDIS_URL=redis://%s", raw, raw)
 			}
 			if useTLS {
 				return "", false, fmt.Errorf("REDIS_TLS=true with REDIS_SOCKET_TYPE=unix: tollgate speaks TLS over TCP only; set REDIS_SOCKET_TYPE=tcp")
