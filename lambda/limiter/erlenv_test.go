@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/shared/configmaptest"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
+	"github.com/tollgate-dev/tollgate/shared/reload"
 )
 
 // erlBase is the environment of an ERL deployment as Istio's sample writes it.
@@ -460,5 +462,59 @@ func TestERLHealthFollowsRedis(t *testing.T) {
 			t.Fatal("/healthcheck still 200 after 100 decisions with Redis gone")
 		}
 		decide()
+	}
+}
+
+// TestERLReloadWhileServing swaps a ConfigMap-style directory between two versions
+// while clients decide: every answer is one version's (domain d limited to 1000 or
+// 2000 a minute; domain e present in the second only), never a failure of a domain
+// the version being served has.
+func TestERLReloadWhileServing(t *testing.T) {
+	t.Parallel()
+	vol := &configmaptest.Volume{T: t, Dir: t.TempDir()}
+	v1 := map[string]string{"d.yaml": erlDoc("d", 1000)}
+	v2 := map[string]string{"d.yaml": erlDoc("d", 2000), "e.yaml": erlDoc("e", 5)}
+	vol.Update(v1)
+	s := erlService(t, vol.Dir)
+	stop := make(chan struct{})
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			for {
+				select {
+				case <-stop:
+					errs <- nil
+					return
+				default:
+				}
+				r, err := s.rls.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if n := r.Statuses[0].CurrentLimit.GetRequestsPerUnit(); n != 1000 && n != 2000 {
+					errs <- fmt.Errorf("limit %d, want 1000 or 2000", n)
+					return
+				}
+			}
+		}()
+	}
+	applied := 0
+	for i := range 40 {
+		vol.Update([]map[string]string{v2, v1}[i%2])
+		if result, err := s.erlDir.Reload(context.Background()); result == reload.Applied {
+			applied++
+		} else if err != nil {
+			t.Errorf("Reload() = %s, %v", result, err)
+		}
+	}
+	close(stop)
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Errorf("a decision during the reloads: %v", err)
+		}
+	}
+	if applied != 40 {
+		t.Errorf("%d of 40 updates applied, want all", applied)
 	}
 }
