@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -26,7 +25,9 @@ import (
 	"github.com/aws/aws-lambda-go/lambdaurl"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
@@ -36,7 +37,6 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/awsredis"
 	"github.com/tollgate-dev/tollgate/shared/decision"
 	"github.com/tollgate-dev/tollgate/shared/engine"
-	"github.com/tollgate-dev/tollgate/shared/erl"
 	"github.com/tollgate-dev/tollgate/shared/policy"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/reload"
@@ -91,6 +91,21 @@ type config struct {
 	// Server bounds what one connection may hold when the service listens itself
 	// (not on Lambda, where the runtime owns the connections).
 	Server serverLimits
+	// DebugListen serves /debug/pprof/ and /metrics there (TOLLGATE_DEBUG_LISTEN /
+	// --debug-listen, or ERL's DEBUG_HOST:DEBUG_PORT; empty: not served).
+	DebugListen string
+	// LogLevel and LogFormat shape the log (TOLLGATE_LOG_LEVEL / --log-level: debug,
+	// info, warn or error, default info; TOLLGATE_LOG_FORMAT / --log-format: json or
+	// text, default json; or ERL's LOG_LEVEL and LOG_FORMAT, default warn and text).
+	LogLevel  string
+	LogFormat string
+	// ERL is envoyproxy/ratelimit's environment (erlEnv); when it is on, it gives
+	// the defaults of Listen, GRPCListen, DebugListen, ERLConfig and the log.
+	ERL erlEnv
+	// RedisERL holds what ERL's Redis settings add to RedisURL: REDIS_TLS's
+	// configuration, REDIS_SENTINEL_AUTH, REDIS_POOL_SIZE, REDIS_TIMEOUT. Its URL
+	// is unused.
+	RedisERL redisstore.Config
 }
 
 // serverLimits bound the plain HTTP server, so that slow or idle clients cannot hold
@@ -137,13 +152,26 @@ func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
 // loadConfig reads the environment through getenv, then the flags in args: a flag
-// wins over its environment variable, a variable over the default. It returns
-// flag.ErrHelp for -h or --help, and a usageError for a command line it cannot read.
+// wins over its environment variable, tollgate's variable over envoyproxy/ratelimit's
+// (see erlEnv), and that over the default. It returns flag.ErrHelp for -h or --help,
+// and a usageError for a command line it cannot read.
 func loadConfig(getenv func(string) string, args []string) (config, error) {
+	e, err := readERL(getenv)
+	if err != nil {
+		return config{}, err
+	}
+	listen, logLevel, logFormat := defaultListen, "info", "json"
+	if e.On {
+		listen, logLevel, logFormat = e.HTTP, e.LogLevel.String(), e.LogFormat
+	}
 	c := config{
-		Listen:        or(getenv("TOLLGATE_LISTEN"), defaultListen),
-		GRPCListen:    getenv("TOLLGATE_GRPC_LISTEN"),
-		ERLConfig:     getenv("TOLLGATE_ERL_CONFIG"),
+		ERL:           e,
+		Listen:        or(getenv("TOLLGATE_LISTEN"), listen),
+		GRPCListen:    or(getenv("TOLLGATE_GRPC_LISTEN"), e.GRPC),
+		DebugListen:   or(getenv("TOLLGATE_DEBUG_LISTEN"), e.Debug),
+		LogLevel:      strings.ToLower(or(getenv("TOLLGATE_LOG_LEVEL"), logLevel)),
+		LogFormat:     or(getenv("TOLLGATE_LOG_FORMAT"), logFormat),
+		ERLConfig:     or(getenv("TOLLGATE_ERL_CONFIG"), e.Dir),
 		PolicyPath:    getenv("TOLLGATE_POLICY"),
 		PolicyJSON:    getenv("TOLLGATE_POLICY_JSON"),
 		PolicySSM:     getenv("TOLLGATE_POLICY_SSM"),
@@ -172,6 +200,9 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 		}
 		c.Batch = b
 	}
+	if e.PipelineWindow != 0 {
+		c.BatchWait = e.PipelineWindow
+	}
 	if v := getenv("TOLLGATE_BATCH_WAIT"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || !validBatchWait(d) {
@@ -190,6 +221,16 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 			return c, fmt.Errorf("REDIS_CLUSTER=%q: want true or false", v)
 		}
 		c.RedisCluster = b
+	}
+	// REDIS_URL in envoyproxy/ratelimit's form (no scheme), or unset in its
+	// environment: its other Redis settings say what it is.
+	if (c.RedisURL != "" && !strings.Contains(c.RedisURL, "://")) || (c.RedisURL == "" && e.On) {
+		if c.RedisERL, err = erlRedis(getenv); err != nil {
+			return c, err
+		}
+		if c.RedisURL, c.RedisCluster, err = erlRedisURL(getenv); err != nil {
+			return c, err
+		}
 	}
 	auth, err := awsredis.AuthFromEnv(getenv)
 	if err != nil {
@@ -217,6 +258,8 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 			c.PolicyPath, c.PolicySSM = "", ""
 		case "policy-ssm":
 			c.PolicyPath, c.PolicyJSON = "", ""
+		case "redis":
+			c.RedisERL = redisstore.Config{} // ERL's settings describe its REDIS_URL, not this one
 		case "batch-wait":
 			if !validBatchWait(c.BatchWait) {
 				err = fmt.Errorf("--batch-wait (TOLLGATE_BATCH_WAIT) = %v: want a duration from 1us to 1s, such as 300us (leave it unset for the default, %v)", c.BatchWait, redisstore.DefaultBatchWait)
@@ -231,6 +274,12 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	}
 	if err := c.Server.validate(); err != nil {
 		return c, err
+	}
+	if _, err := erlLogLevel(c.LogLevel); err != nil {
+		return c, fmt.Errorf("--log-level (TOLLGATE_LOG_LEVEL) = %q: want debug, info, warn or error", c.LogLevel)
+	}
+	if c.LogFormat != "json" && c.LogFormat != "text" {
+		return c, fmt.Errorf("--log-format (TOLLGATE_LOG_FORMAT) = %q: want json or text", c.LogFormat)
 	}
 	if c.PolicyPoll < 0 {
 		return c, fmt.Errorf("--policy-poll = %v: want 0 or more", c.PolicyPoll)
@@ -262,6 +311,9 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.RedisURL, "redis", c.RedisURL, "decide on the Redis at `URL`, such as redis://127.0.0.1:6379 or rediss://host:6379; empty: an embedded in-process Redis (miniredis), whose state is lost on exit (env REDIS_URL)")
 	fs.BoolVar(&c.RedisCluster, "redis-cluster", c.RedisCluster, "the Redis is a Redis Cluster (env REDIS_CLUSTER)")
 	fs.StringVar(&c.EmbeddedRedis, "embedded-redis", c.EmbeddedRedis, "without --redis, the embedded Redis listens on `ADDR`; empty: a free port on 127.0.0.1. Its URL is logged at start (\"embedded Redis listening\") for limiter policy explain --redis URL (env TOLLGATE_EMBEDDED_REDIS)")
+	fs.StringVar(&c.DebugListen, "debug-listen", c.DebugListen, "serve /debug/pprof/ and /metrics on `ADDR` too; empty: not served (env TOLLGATE_DEBUG_LISTEN; envoyproxy/ratelimit's DEBUG_HOST:DEBUG_PORT)")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log at `LEVEL` and above: debug, info, warn or error (env TOLLGATE_LOG_LEVEL; envoyproxy/ratelimit's LOG_LEVEL)")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log as json or text (env TOLLGATE_LOG_FORMAT; envoyproxy/ratelimit's LOG_FORMAT)")
 	fs.BoolVar(&c.Batch, "batch", c.Batch, "send concurrent decisions to Redis as one pipeline; --batch=false: one round trip each (env TOLLGATE_BATCH)")
 	fs.DurationVar(&c.BatchWait, "batch-wait", c.BatchWait, "a decision queued behind a Redis round trip waits at most `DURATION` (1us to 1s); 0: "+redisstore.DefaultBatchWait.String()+" (env TOLLGATE_BATCH_WAIT)")
 	c.Server.flags(fs)
@@ -368,10 +420,35 @@ type service struct {
 	store   *redisstore.Store
 	mini    *miniredis.Miniredis
 	eng     *engine.Engine
-	engines []*engine.Engine // eng and the engines of envoyproxy/ratelimit's domains
 	policy  *reload.Reloader
-	erl     []*reload.Reloader // one per envoyproxy/ratelimit file
-	rls     *rls.Server
+	// erl serves the domains of envoyproxy/ratelimit's configuration directory, and
+	// erlDir reloads it; both nil without one.
+	erl    *erlDomains
+	erlDir *reload.Of[erlSet]
+	// rls is Envoy's RateLimitService: erl, or the policy's engine alone.
+	rls rlsv3.RateLimitServiceServer
+	// metrics serves the Prometheus registry (for the debug and Prometheus listeners).
+	metrics http.Handler
+	health  *health
+}
+
+// engines returns the policy's engine and those of envoyproxy/ratelimit's domains
+// served now.
+func (s *service) engines() []*engine.Engine {
+	out := []*engine.Engine{s.eng}
+	if s.erl != nil {
+		out = append(out, s.erl.all()...)
+	}
+	return out
+}
+
+// reloaders returns what reloads the policy and the envoyproxy/ratelimit directory.
+func (s *service) reloaders() []refresher {
+	out := []refresher{s.policy}
+	if s.erlDir != nil {
+		out = append(out, s.erlDir)
+	}
+	return out
 }
 
 func (s *service) Close() {
@@ -390,7 +467,7 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 	if err != nil {
 		return nil, err
 	}
-	if c.PolicyPath == "" && c.PolicyJSON == "" && c.PolicySSM == "" {
+	if !policyNamed(c) {
 		src = reload.Inline{Label: lambda.DefaultPolicyName, Doc: lambda.DefaultPolicy()}
 	}
 	reg := prometheus.NewRegistry()
@@ -429,7 +506,8 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		}
 		log.Info("embedded Redis listening", "url", url, "explain", "limiter policy explain --redis "+url+" "+file+" ATTRIBUTE=VALUE...")
 	}
-	rc := redisstore.Config{URL: url, Cluster: c.RedisCluster}
+	rc := c.RedisERL
+	rc.URL, rc.Cluster = url, c.RedisCluster
 	if c.Batch {
 		rc.BatchWait = redisstore.DefaultBatchWait
 		if c.BatchWait != 0 {
@@ -448,9 +526,8 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 	}, func() float64 { return float64(store.Unreplicated()) }))
 	// The engines of envoyproxy/ratelimit's domains come first, so that the store's
 	// circuit breakers take the policy's settings from the engine made last.
-	var domains map[string]rls.Domain
 	if c.ERLConfig != "" {
-		if domains, s.erl, err = erlEngines(ctx, c.ERLConfig, store, metrics.Hooks(), s, log); err != nil {
+		if err := s.loadERL(ctx, c, store, metrics.Hooks(), log); err != nil {
 			s.Close()
 			return nil, err
 		}
@@ -460,10 +537,8 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		s.Close()
 		return nil, err
 	}
-	s.engines = append(s.engines, s.eng)
-	for _, d := range domains {
-		s.engines = append(s.engines, d.Engine)
-	}
+	s.health = &health{needConfig: c.ERL.NeedConfig, redis: c.ERL.RedisHealth, s: s}
+	s.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	mux := http.NewServeMux()
 	mux.Handle("/", decision.NewHandler(s.eng, decision.Options{
 		AdminToken: c.AdminToken,
@@ -471,82 +546,79 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		Registry:   reg,
 		Logger:     log,
 	}))
-	s.rls = rls.New(s.eng, log)
-	if domains != nil {
-		domains[p.Domain] = rls.Domain{Engine: s.eng}
-		s.rls = rls.NewDomains(domains, log)
+	// envoyproxy/ratelimit's health check, on its HTTP port.
+	mux.Handle("GET /healthcheck", s.health)
+	if s.erl != nil {
+		if policyNamed(c) {
+			// The policy decides its domain, even where a file names it too.
+			s.erl.own, s.erl.ownDomain = s.eng, p.Domain
+			if err := s.erl.apply(s.erl.last); err != nil {
+				s.Close()
+				return nil, err
+			}
+		}
+		s.rls = s.erl
+		// envoyproxy/ratelimit's HTTP endpoint, for its clients.
+		mux.Handle("POST /json", s.erl)
+	} else {
+		r := rls.New(s.eng, log)
+		r.OneQuota = c.OneQuota
+		s.rls = r
+		mux.Handle("POST /json", r.JSONHandler())
 	}
-	s.rls.OneQuota = c.OneQuota
-	// envoyproxy/ratelimit's HTTP endpoint, for its clients.
-	mux.Handle("POST /json", s.rls.JSONHandler())
 	s.handler = mux
 	return s, nil
 }
 
-// erlEngines loads every envoyproxy/ratelimit configuration file (*.yaml, *.yml) in
-// dir, translated (package erl) and validated, into an engine per domain on store,
-// and returns a reloader per file. A reload applies a changed file that is valid and
-// keeps its domain (its engine keeps the state of the limits it keeps, as with the
-// policy); an invalid one is refused and logged, and the file's running version
-// stays. A file added to or removed from dir, or a domain renamed, takes a restart.
-func erlEngines(ctx context.Context, dir string, store engine.Store, hooks engine.Hooks, s *service, log *slog.Logger) (map[string]rls.Domain, []*reload.Reloader, error) {
-	files, err := filepath.Glob(filepath.Join(dir, "*.y*ml"))
-	if err != nil || len(files) == 0 {
-		return nil, nil, fmt.Errorf("--erl-config %s: no *.yaml or *.yml files", dir)
+// policyNamed reports whether c names a policy (a file, a document or a parameter)
+// rather than leaving the built-in one.
+func policyNamed(c config) bool { return c.PolicyPath != "" || c.PolicyJSON != "" || c.PolicySSM != "" }
+
+// loadERL loads envoyproxy/ratelimit's configuration directory, c.ERLConfig, every
+// file in it translated (package erl) and validated, into an engine per domain on
+// store, and keeps the reloader of the directory. A reload applies the directory
+// whole when every file is valid (domains added, changed, removed); one problem in
+// any file refuses it, logged, and the running set keeps serving. A directory that
+// Kubernetes mounts from a ConfigMap is read through one resolution of its ..data
+// link (reload.Dir), so an update is never read half old, half new.
+//
+// With ERL's environment (c.ERL.On) the directory is read as ERL reads it: a missing
+// or empty one serves no domain (see HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED), dot
+// files count unless RUNTIME_IGNOREDOTFILES. With --erl-config it must hold a file,
+// and dot files are skipped.
+func (s *service) loadERL(ctx context.Context, c config, store engine.Store, hooks engine.Hooks, log *slog.Logger) error {
+	s.erl = &erlDomains{store: store, hooks: hooks, log: log, oneQuota: c.OneQuota}
+	src := reload.Dir{Path: c.ERLConfig, IgnoreDotFiles: !c.ERL.On || c.ERL.IgnoreDotFiles, AllowMissing: c.ERL.On}
+	rl, set, err := reload.LoadOf(ctx, reload.ConfigOf[erlSet]{
+		Source: src,
+		Parse:  func(doc []byte) (erlSet, error) { return parseERLDir(doc, c.ERL.Merge) },
+		Apply:  s.erl.apply,
+		Logger: log,
+	})
+	if err != nil {
+		return fmt.Errorf("envoyproxy/ratelimit configuration: %w", err)
 	}
-	out := map[string]rls.Domain{}
-	var reloaders []*reload.Reloader
-	for _, f := range files {
-		var (
-			eng    *engine.Engine
-			domain string
-			tr     erl.Translation // the last file read, for Apply
-		)
-		rl, p, err := reload.Load(ctx, reload.Config{
-			Source: reload.File(f),
-			Parse: func(doc []byte) (*policy.Policy, error) {
-				t, err := erl.Translate(doc)
-				if err != nil {
-					return nil, err
-				}
-				tr = t
-				return policy.Parse(tr.Policy)
-			},
-			Apply: func(p *policy.Policy) error {
-				if tr.Domain != domain {
-					return fmt.Errorf("domain %s became %s: renaming a domain takes a restart", domain, tr.Domain)
-				}
-				if err := eng.SetPolicy(p); err != nil {
-					return err
-				}
-				if domain != s.eng.Policy().Domain { // the service's own policy decides its domain
-					s.rls.SetDomain(domain, rls.Domain{Engine: eng, Replaces: tr.Replaces})
-				}
-				return nil
-			},
-			Logger: log,
-		})
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", f, err)
-		}
-		domain = tr.Domain
-		if _, dup := out[domain]; dup {
-			return nil, nil, fmt.Errorf("%s: domain %s is in another file too", f, domain)
-		}
-		if eng, err = engine.New(engine.Config{Policy: p, Store: store, Logger: log, Hooks: hooks}); err != nil {
-			return nil, nil, err
-		}
-		out[domain] = rls.Domain{Engine: eng, Replaces: tr.Replaces}
-		reloaders = append(reloaders, rl)
-		log.Info("envoyproxy/ratelimit configuration loaded", "file", f, "domain", domain, "rules", len(p.Rules))
+	if len(set.domains) == 0 && !c.ERL.On {
+		return fmt.Errorf("--erl-config %s: no configuration file in the directory", c.ERLConfig)
 	}
-	return out, reloaders, nil
+	if len(set.domains) == 0 {
+		log.Warn("no envoyproxy/ratelimit configuration in the directory yet; every domain is unknown until one appears", "dir", c.ERLConfig)
+	}
+	s.erlDir = rl
+	return s.erl.apply(set)
+}
+
+// A refresher reads its source again: when it was last read at least ttl ago
+// (Refresh), or every interval and on a signal (Watch).
+type refresher interface {
+	Refresh(ctx context.Context, ttl time.Duration) (string, error)
+	Watch(ctx context.Context, every time.Duration, now <-chan os.Signal)
 }
 
 // refreshing reads the policy's source (and the envoyproxy/ratelimit files) before a
 // request when it was last read at least every ago: on Lambda, where nothing runs
 // between invocations to poll it.
-func refreshing(h http.Handler, rls []*reload.Reloader, every time.Duration) http.Handler {
+func refreshing(h http.Handler, rls []refresher, every time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		for _, rl := range rls {
 			rl.Refresh(r.Context(), every)
@@ -590,7 +662,7 @@ func command(ctx context.Context, getenv func(string) string, args []string, std
 		printUsage(stderr)
 		return 2
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, nil))
+	log := newLogger(stderr, c.LogLevel, c.LogFormat)
 	if err == nil {
 		// go-redis logs through a package-level logger, in plain text on stderr unless
 		// it is given one: the service's log is JSON only. (Only the process that
@@ -608,13 +680,27 @@ func command(ctx context.Context, getenv func(string) string, args []string, std
 	return 0
 }
 
+// newLogger logs to w at level and above, as JSON or text (format); a level or
+// format it cannot read (a configuration refused) is info, and JSON.
+func newLogger(w io.Writer, level, format string) *slog.Logger {
+	l, err := erlLogLevel(level)
+	if err != nil {
+		l = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
 // usage is the limiter's help, before its flags.
 const usage = `limiter is tollgate's HTTP decision service.
 
 usage:
   limiter [FLAGS]
-      serves decisions: POST /v1/check, /healthz, /readyz, /metrics (and Envoy's
-      gRPC RateLimitService with --grpc-listen)
+      serves decisions: POST /v1/check, /healthz, /readyz, /metrics, /healthcheck
+      (and Envoy's gRPC RateLimitService with --grpc-listen, POST /json)
   limiter policy check FILE...
       lists every problem of each policy file; exit status 1 if any has one
   limiter policy explain [--redis URL] [--cluster] FILE [ATTRIBUTE=VALUE...]
@@ -638,6 +724,9 @@ environment only:
       ElastiCache authentication: a Secrets Manager secret, or IAM; needs a rediss:// URL
   LIMIT_RESPONSE_HEADERS_ENABLED, LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER
       envoyproxy/ratelimit's one-limit response headers on gRPC and POST /json (off by default)
+  RUNTIME_ROOT, RUNTIME_SUBDIRECTORY, PORT, GRPC_PORT, REDIS_TYPE, ... (envoyproxy/ratelimit's)
+      with a RUNTIME_ variable set, serve its configuration directory on its ports;
+      a flag or TOLLGATE_ variable wins (docs/erl.md lists every one)
   GOGC (default here 400), GOMEMLIMIT (default on Lambda 90% of the function's memory)
   AWS_LAMBDA_RUNTIME_API
       set by Lambda: serve a Function URL instead of listening
@@ -728,6 +817,12 @@ func run(ctx context.Context, getenv func(string) string, args []string, log *sl
 
 // serveConfig serves as c says until ctx is done.
 func serveConfig(ctx context.Context, c config, log *slog.Logger) error {
+	for _, w := range c.ERL.Warnings {
+		log.Warn(w)
+	}
+	if c.ERL.On {
+		log.Info("envoyproxy/ratelimit's environment", "config_dir", c.ERLConfig, "http", c.Listen, "grpc", c.GRPCListen, "debug", c.DebugListen)
+	}
 	if c.RedisURL == "" {
 		log.Info("REDIS_URL is not set: starting an embedded in-process Redis (miniredis); state is lost on exit and not shared with other instances")
 	} else {
@@ -739,23 +834,21 @@ func serveConfig(ctx context.Context, c config, log *slog.Logger) error {
 	}
 	defer s.Close()
 	p := s.eng.Policy()
-	log.Info("policy loaded", "source", policySource(c), "domain", p.Domain, "rules", len(p.Rules), "failure_mode", string(p.Failure.Mode), "sha256", s.policy.SHA256())
+	if policyNamed(c) || s.erl == nil {
+		log.Info("policy loaded", "source", policySource(c), "domain", p.Domain, "rules", len(p.Rules), "failure_mode", string(p.Failure.Mode), "sha256", s.policy.SHA256())
+	}
 	if c.OnLambda {
-		lambdaurl.Start(refreshing(s.handler, append([]*reload.Reloader{s.policy}, s.erl...), c.PolicyPoll))
+		lambdaurl.Start(refreshing(s.handler, s.reloaders(), c.PolicyPoll))
 		return nil
 	}
 	if err := c.Server.fitsPolicy(p.Failure.Timeout); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", c.Listen)
+	ln, err := listen(c.Listen)
 	if err != nil {
 		return busyHint(err, "--listen ADDR, TOLLGATE_LISTEN=ADDR or make run LISTEN=ADDR")
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	go s.policy.Watch(ctx, c.PolicyPoll, hup)
-	for _, rl := range s.erl {
+	for _, rl := range s.reloaders() {
 		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)
 		defer signal.Stop(hup)
@@ -766,18 +859,47 @@ func serveConfig(ctx context.Context, c config, log *slog.Logger) error {
 		// Give back what the leases hold, so other instances can use it at once.
 		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
-		for _, e := range s.engines {
+		for _, e := range s.engines() {
 			e.EndLeases(ectx)
 		}
 	}()
-	if c.GRPCListen != "" {
-		gln, err := net.Listen("tcp", c.GRPCListen)
+	side := []struct {
+		addr, what, how string
+		h               http.Handler
+	}{
+		{c.DebugListen, "debug", "--debug-listen ADDR, TOLLGATE_DEBUG_LISTEN=ADDR or DEBUG_PORT", s.debugHandler()},
+	}
+	if c.ERL.Prometheus {
+		m := http.NewServeMux()
+		m.Handle(c.ERL.PrometheusPath, s.metrics)
+		side = append(side, struct {
+			addr, what, how string
+			h               http.Handler
+		}{c.ERL.PrometheusAddr, "Prometheus", "PROMETHEUS_ADDR", m})
+	}
+	for _, l := range side {
+		if l.addr == "" {
+			continue
+		}
+		sln, err := listen(l.addr)
 		if err != nil {
 			ln.Close()
-			return fmt.Errorf("--grpc-listen: %w", busyHint(err, "--grpc-listen ADDR or TOLLGATE_GRPC_LISTEN=ADDR"))
+			return fmt.Errorf("%s listener: %w", l.what, busyHint(err, l.how))
 		}
-		gs := grpc.NewServer(rls.ServerOptions()...)
+		srv := &http.Server{Handler: l.h, ReadHeaderTimeout: c.Server.ReadTimeout, IdleTimeout: c.Server.IdleTimeout}
+		go srv.Serve(newLimitListener(sln, c.Server.MaxConns))
+		defer srv.Close()
+		log.Info("serving "+l.what, "addr", sln.Addr().String())
+	}
+	if c.GRPCListen != "" {
+		gln, err := listen(c.GRPCListen)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("--grpc-listen: %w", busyHint(err, "--grpc-listen ADDR, TOLLGATE_GRPC_LISTEN=ADDR or GRPC_PORT"))
+		}
+		gs := grpc.NewServer(grpcOptions(c)...)
 		rlsv3.RegisterRateLimitServiceServer(gs, s.rls)
+		healthpb.RegisterHealthServer(gs, s.health.grpc())
 		go func() {
 			if err := gs.Serve(gln); err != nil {
 				log.Error("gRPC server stopped", "err", err)
@@ -786,6 +908,12 @@ func serveConfig(ctx context.Context, c config, log *slog.Logger) error {
 		defer gs.GracefulStop()
 		log.Info("serving Envoy's RateLimitService", "addr", gln.Addr().String())
 	}
+	go func() {
+		// From SIGTERM on, the health checks fail, as envoyproxy/ratelimit's do, so
+		// that a load balancer stops sending while requests in flight finish.
+		<-ctx.Done()
+		s.health.stop()
+	}()
 	return serve(ctx, ln, s.handler, c.Server, log)
 }
 
@@ -804,7 +932,7 @@ const leaseSweep = 20 * time.Millisecond
 // returnLeases gives back, every period until ctx is done, the unused units of the
 // engines' ended leases (engine.ReturnLeases), so that an instance whose traffic
 // stopped does not hold them until its next request.
-func returnLeases(ctx context.Context, engines []*engine.Engine, period time.Duration) {
+func returnLeases(ctx context.Context, engines func() []*engine.Engine, period time.Duration) {
 	tick := time.NewTicker(period)
 	defer tick.Stop()
 	for {
@@ -812,7 +940,7 @@ func returnLeases(ctx context.Context, engines []*engine.Engine, period time.Dur
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			for _, e := range engines {
+			for _, e := range engines() {
 				e.ReturnLeases(ctx)
 			}
 		}

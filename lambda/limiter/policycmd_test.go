@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/tollgate-dev/tollgate/shared/engine"
@@ -141,7 +140,7 @@ func TestERLConfigServed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := newService(context.Background(), c, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "no *.yaml") {
+	if _, err := newService(context.Background(), c, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "no configuration file") {
 		t.Errorf("newService with an empty ERL directory = %v, want an error naming the missing files", err)
 	}
 	dir := t.TempDir()
@@ -201,9 +200,6 @@ func TestERLConfigReload(t *testing.T) {
 	}
 	write(erlDoc("reloaded", 2))
 	s := erlService(t, dir)
-	if len(s.erl) != 1 {
-		t.Fatalf("newService made %d ERL reloaders, want 1", len(s.erl))
-	}
 	const one = `{"domain": "reloaded", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}`
 	askWith := func(body string) string {
 		t.Helper()
@@ -225,7 +221,7 @@ func TestERLConfigReload(t *testing.T) {
 	}
 
 	write(erlDoc("reloaded", 5))
-	if result, err := s.erl[0].Reload(context.Background()); result != reload.Applied {
+	if result, err := s.erlDir.Reload(context.Background()); result != reload.Applied {
 		t.Fatalf("Reload after raising the limit = %s, %v; want %s", result, err, reload.Applied)
 	}
 	for i := range 3 {
@@ -236,10 +232,10 @@ func TestERLConfigReload(t *testing.T) {
 
 	for _, bad := range []struct{ doc, want string }{
 		{"domain: reloaded\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", "fortnight"},
-		{erlDoc("renamed", 1), "renaming a domain takes a restart"},
+		{"domain: reloaded\ndescriptors: [", "reloaded.yaml"},
 	} {
 		write(bad.doc)
-		result, err := s.erl[0].Reload(context.Background())
+		result, err := s.erlDir.Reload(context.Background())
 		if result != reload.Invalid || err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("Reload of %q = %s, %v; want %s naming %q", bad.doc, result, err, reload.Invalid, bad.want)
 		}
@@ -257,42 +253,13 @@ descriptors:
     value: gold
     rate_limit: {unit: minute, requests_per_unit: 50, name: gold, replaces: [{name: per-k}]}
 `)
-	if result, err := s.erl[0].Reload(context.Background()); result != reload.Applied {
+	if result, err := s.erlDir.Reload(context.Background()); result != reload.Applied {
 		t.Fatalf("Reload adding a replacement = %s, %v; want %s", result, err, reload.Applied)
 	}
 	const gold = `{"domain": "reloaded", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}, {"entries": [{"key": "plan", "value": "gold"}]}]}`
 	for i := range 6 {
 		if got := askWith(gold); !strings.Contains(got, `"overallCode":"OK"`) {
 			t.Fatalf("gold request %d after the reload = %s, want OK: gold's 50 a minute replaces per-k's 5", i+1, got)
-		}
-	}
-}
-
-// TestERLConfigReloadTogether reloads two envoyproxy/ratelimit files at the same time,
-// as their watchers do (each polls on its own): under -race, the reloads share nothing
-// but the service they apply to.
-func TestERLConfigReloadTogether(t *testing.T) {
-	dir := t.TempDir()
-	for _, d := range []string{"one", "two"} {
-		if err := os.WriteFile(filepath.Join(dir, d+".yaml"), []byte(erlDoc(d, 1)), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s := erlService(t, dir)
-	for _, d := range []string{"one", "two"} {
-		if err := os.WriteFile(filepath.Join(dir, d+".yaml"), []byte(erlDoc(d, 7)), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	results := make([]string, len(s.erl))
-	var wg sync.WaitGroup
-	for i, rl := range s.erl {
-		wg.Go(func() { results[i], _ = rl.Reload(context.Background()) })
-	}
-	wg.Wait()
-	for i, r := range results {
-		if r != reload.Applied {
-			t.Errorf("reload of file %d = %s, want %s", i, r, reload.Applied)
 		}
 	}
 }

@@ -20,7 +20,11 @@ type Config struct {
 	// URL is redis://[user:password@]host:port[/db] or rediss:// for TLS. Add more
 	// nodes with ?addr=host:port (repeatable); cluster=true selects Redis Cluster;
 	// master_name=NAME selects Sentinel (the hosts are then the sentinels).
+	// unix://[user:password@]/path/to/socket[?db=N] is one Redis on a Unix socket.
 	URL string
+	// SentinelPassword authenticates to the sentinels of a master_name URL (the
+	// URL's password is the master's and its replicas').
+	SentinelPassword string
 	// Cluster forces Redis Cluster mode (REDIS_CLUSTER=true).
 	Cluster bool
 	// Timeout bounds each command's read and write, and the wait for a free pooled
@@ -55,36 +59,52 @@ func (c Config) Options() (*redis.UniversalOptions, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: REDIS_URL: %w", err)
 	}
-	if u.Scheme != "redis" && u.Scheme != "rediss" {
-		return nil, fmt.Errorf("redisstore: REDIS_URL scheme %q: use redis:// or rediss:// (TLS)", u.Scheme)
-	}
-	q := u.Query()
-	addrs := []string{u.Host}
-	addrs = append(addrs, q["addr"]...)
-	master := q.Get("master_name")
-	cluster := c.Cluster || q.Get("cluster") == "true"
-	// go-redis parses the user, password, db and TLS of the first node.
-	single := *u
-	sq := url.Values{}
-	single.RawQuery = sq.Encode()
-	base, err := redis.ParseURL(single.String())
-	if err != nil {
-		return nil, fmt.Errorf("redisstore: REDIS_URL: %w", err)
-	}
-	for _, a := range addrs {
-		if a == "" || !strings.Contains(a, ":") {
-			return nil, fmt.Errorf("redisstore: REDIS_URL: address %q: want host:port", a)
+	var (
+		addrs   []string
+		master  string
+		cluster = c.Cluster
+		base    *redis.Options
+		unix    = u.Scheme == "unix"
+	)
+	switch {
+	case unix:
+		// One Redis on a Unix socket: go-redis parses the path, user, password and db.
+		if base, err = redis.ParseURL(c.URL); err != nil {
+			return nil, fmt.Errorf("redisstore: REDIS_URL: %w", err)
 		}
+		if cluster || c.TLSConfig != nil {
+			return nil, fmt.Errorf("redisstore: REDIS_URL %s: a Unix socket is one Redis, without TLS; use redis:// or rediss:// for a cluster or TLS", Redact(c.URL))
+		}
+		addrs = []string{base.Addr}
+	case u.Scheme == "redis" || u.Scheme == "rediss":
+		q := u.Query()
+		addrs = append([]string{u.Host}, q["addr"]...)
+		master = q.Get("master_name")
+		cluster = cluster || q.Get("cluster") == "true"
+		// go-redis parses the user, password, db and TLS of the first node.
+		single := *u
+		single.RawQuery = ""
+		if base, err = redis.ParseURL(single.String()); err != nil {
+			return nil, fmt.Errorf("redisstore: REDIS_URL: %w", err)
+		}
+		for _, a := range addrs {
+			if a == "" || !strings.Contains(a, ":") {
+				return nil, fmt.Errorf("redisstore: REDIS_URL: address %q: want host:port", a)
+			}
+		}
+	default:
+		return nil, fmt.Errorf("redisstore: REDIS_URL scheme %q: use redis://, rediss:// (TLS) or unix:// (a socket)", u.Scheme)
 	}
 	o := &redis.UniversalOptions{
-		Addrs:         addrs,
-		Username:      base.Username,
-		Password:      base.Password,
-		DB:            base.DB,
-		TLSConfig:     base.TLSConfig,
-		MasterName:    master,
-		IsClusterMode: cluster,
-		MaxRetries:    -1,
+		Addrs:            addrs,
+		Username:         base.Username,
+		Password:         base.Password,
+		DB:               base.DB,
+		TLSConfig:        base.TLSConfig,
+		MasterName:       master,
+		IsClusterMode:    cluster,
+		SentinelPassword: c.SentinelPassword,
+		MaxRetries:       -1,
 		// One dial per attempt: go-redis would otherwise dial a dead node five times,
 		// 100ms apart, inside each decision's budget and each slot-map reload; the
 		// node's circuit breaker decides when to try again.
@@ -112,7 +132,11 @@ func (c Config) Options() (*redis.UniversalOptions, error) {
 	if c.CredentialsProvider != nil {
 		o.CredentialsProvider = c.CredentialsProvider
 	}
-	if o.TLSConfig == nil {
+	switch {
+	case unix:
+		dial := dialTCP(o.DialTimeout)
+		o.Dialer = func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, "unix", addr) }
+	case o.TLSConfig == nil:
 		o.Dialer = dialTCP(o.DialTimeout)
 	}
 	if cluster && master != "" {

@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"crypto/tls"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,7 @@ func TestConfigOptions(t *testing.T) {
 		{name: "cluster by query", cfg: redisstore.Config{URL: "redis://a:7000?addr=b:7001&addr=c:7002&cluster=true"}, wantAddrs: []string{"a:7000", "b:7001", "c:7002"}, wantCluster: true},
 		{name: "cluster by flag", cfg: redisstore.Config{URL: "rediss://cfg.example:6379", Cluster: true}, wantAddrs: []string{"cfg.example:6379"}, wantCluster: true, wantTLS: true},
 		{name: "sentinel", cfg: redisstore.Config{URL: "redis://s1:26379?addr=s2:26379&master_name=mymaster"}, wantAddrs: []string{"s1:26379", "s2:26379"}, wantMaster: "mymaster"},
+		{name: "unix socket", cfg: redisstore.Config{URL: "unix://u:pw@/run/redis.sock?db=1"}, wantAddrs: []string{"/run/redis.sock"}, wantUser: "u", wantPass: "pw", wantDB: 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -59,9 +61,23 @@ func TestConfigOptions(t *testing.T) {
 		{"redis://a:1?cluster=true&master_name=m", "exclusive"},
 		{"redis://a:1/3?cluster=true", "database 0"},
 		{"redis://%zz", "REDIS_URL"},
+		{"unix:///run/redis.sock?cluster=true", "unexpected option: cluster"},
 	} {
 		if _, err := (redisstore.Config{URL: bad.url}).Options(); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("Options(%q) error = %v, want one mentioning %q", bad.url, err, bad.want)
+		}
+	}
+}
+
+// TestUnixSocketAlone refuses a Unix socket as a cluster or with TLS.
+func TestUnixSocketAlone(t *testing.T) {
+	t.Parallel()
+	for _, c := range []redisstore.Config{
+		{URL: "unix:///run/redis.sock", Cluster: true},
+		{URL: "unix:///run/redis.sock", TLSConfig: &tls.Config{}},
+	} {
+		if _, err := c.Options(); err == nil || !strings.Contains(err.Error(), "a Unix socket is one Redis") {
+			t.Errorf("Options(%+v) error = %v, want one saying a Unix socket is one Redis", c, err)
 		}
 	}
 }

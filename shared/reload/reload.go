@@ -107,13 +107,20 @@ const (
 )
 
 // Config configures a Reloader.
-type Config struct {
+type Config = ConfigOf[*policy.Policy]
+
+// A Reloader reads the policy from its source and applies it when it changed.
+type Reloader = Of[*policy.Policy]
+
+// ConfigOf configures an Of[T]: a reloader of a configuration of type T, such as a
+// policy, or the set of envoyproxy/ratelimit domains of a directory.
+type ConfigOf[T any] struct {
 	Source Source
-	// Parse reads a document into a policy (default policy.Parse); the decision
-	// service's envoyproxy/ratelimit files translate first (package erl).
-	Parse func(doc []byte) (*policy.Policy, error)
-	// Apply makes p the running policy (engine.SetPolicy).
-	Apply func(p *policy.Policy) error
+	// Parse reads a document into a configuration (for a Reloader, default
+	// policy.Parse); it is required otherwise.
+	Parse func(doc []byte) (T, error)
+	// Apply makes p the running configuration (engine.SetPolicy).
+	Apply func(p T) error
 	// Logger receives a line per reload that is not Unchanged (default slog.Default()).
 	Logger *slog.Logger
 	// Reloaded, if set, is called with the result of every reload after the first
@@ -124,10 +131,10 @@ type Config struct {
 	Running func(sha256 string)
 }
 
-// A Reloader reads the policy from its source and applies it when it changed. It is
-// safe for simultaneous use; reloads run one at a time.
-type Reloader struct {
-	cfg     Config
+// An Of[T] reads a configuration from its source and applies it when it changed. It
+// is safe for simultaneous use; reloads run one at a time.
+type Of[T any] struct {
+	cfg     ConfigOf[T]
 	mu      sync.Mutex
 	sum     string    // SHA-256 of the running document
 	refused string    // SHA-256 of the document last refused as invalid
@@ -137,16 +144,25 @@ type Reloader struct {
 // Load reads, validates and returns the first policy; its problems are the caller's
 // to report (a service does not start on an invalid policy). It does not call Apply.
 func Load(ctx context.Context, cfg Config) (*Reloader, *policy.Policy, error) {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
 	if cfg.Parse == nil {
 		cfg.Parse = policy.Parse
 	}
-	r := &Reloader{cfg: cfg}
+	return LoadOf(ctx, cfg)
+}
+
+// LoadOf is Load for a configuration of any type; cfg.Parse is required.
+func LoadOf[T any](ctx context.Context, cfg ConfigOf[T]) (*Of[T], T, error) {
+	var zero T
+	if cfg.Parse == nil || cfg.Apply == nil {
+		return nil, zero, errors.New("reload: Parse and Apply are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	r := &Of[T]{cfg: cfg}
 	doc, p, err := r.read(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, zero, err
 	}
 	r.sum, r.checked = digest(doc), time.Now()
 	if cfg.Running != nil {
@@ -156,7 +172,7 @@ func Load(ctx context.Context, cfg Config) (*Reloader, *policy.Policy, error) {
 }
 
 // SHA256 returns the SHA-256 (hex) of the running policy's document.
-func (r *Reloader) SHA256() string {
+func (r *Of[T]) SHA256() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.sum
@@ -165,7 +181,7 @@ func (r *Reloader) SHA256() string {
 // Reload reads the source now and applies its policy if the document changed and is
 // valid. It returns the result (Applied, Unchanged, Invalid or Failed) and, unless
 // Applied or Unchanged, why.
-func (r *Reloader) Reload(ctx context.Context) (string, error) {
+func (r *Of[T]) Reload(ctx context.Context) (string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	result, err := r.reload(ctx)
@@ -181,7 +197,7 @@ func (r *Reloader) Reload(ctx context.Context) (string, error) {
 	return result, err
 }
 
-func (r *Reloader) reload(ctx context.Context) (string, error) {
+func (r *Of[T]) reload(ctx context.Context) (string, error) {
 	r.checked = time.Now()
 	doc, err := r.cfg.Source.Read(ctx)
 	if err != nil {
@@ -211,7 +227,7 @@ func (r *Reloader) reload(ctx context.Context) (string, error) {
 // Refresh reloads when the source was last read at least ttl ago, for a process
 // that cannot poll in the background (a Lambda function is frozen between
 // invocations). It returns what Reload returns, or Unchanged without reading.
-func (r *Reloader) Refresh(ctx context.Context, ttl time.Duration) (string, error) {
+func (r *Of[T]) Refresh(ctx context.Context, ttl time.Duration) (string, error) {
 	r.mu.Lock()
 	fresh := time.Since(r.checked) < ttl
 	r.mu.Unlock()
@@ -223,7 +239,7 @@ func (r *Reloader) Refresh(ctx context.Context, ttl time.Duration) (string, erro
 
 // Watch reloads every interval (never, for 0) until ctx is done, and at once whenever
 // a signal arrives on now (SIGHUP).
-func (r *Reloader) Watch(ctx context.Context, every time.Duration, now <-chan os.Signal) {
+func (r *Of[T]) Watch(ctx context.Context, every time.Duration, now <-chan os.Signal) {
 	var tick <-chan time.Time
 	if every > 0 {
 		t := time.NewTicker(every)
@@ -241,17 +257,18 @@ func (r *Reloader) Watch(ctx context.Context, every time.Duration, now <-chan os
 	}
 }
 
-func (r *Reloader) read(ctx context.Context) ([]byte, *policy.Policy, error) {
+func (r *Of[T]) read(ctx context.Context) ([]byte, T, error) {
 	doc, err := r.cfg.Source.Read(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("policy: reading %s: %w", r.cfg.Source.Name(), err)
+		var zero T
+		return nil, zero, fmt.Errorf("policy: reading %s: %w", r.cfg.Source.Name(), err)
 	}
 	p, err := r.parse(doc)
 	return doc, p, err
 }
 
 // parse parses doc, naming its source in a validation error.
-func (r *Reloader) parse(doc []byte) (*policy.Policy, error) {
+func (r *Of[T]) parse(doc []byte) (T, error) {
 	p, err := r.cfg.Parse(doc)
 	if ve, ok := errors.AsType[*policy.ValidationError](err); ok {
 		ve.File = r.cfg.Source.Name()
