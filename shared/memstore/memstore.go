@@ -27,6 +27,8 @@ type Store struct {
 	states map[string]algo.State
 	max    int
 	clock  func() time.Time
+	// reserved holds the records of reservations (PutReservation), at most max.
+	reserved map[string]reservation
 }
 
 // New returns a store that keeps at most maxKeys keys (0: DefaultMaxKeys) and reads

@@ -125,4 +125,3 @@ func TestSettleRefusesSlidingLog(t *testing.T) {
 		t.Fatalf("settle script on sliding_log = %v, want an error naming the fix", err)
 	}
 }
-
