@@ -88,8 +88,11 @@ func (s *Store) settleSlot(ctx context.Context, c algo.Check) (algo.Reply, error
 	rep, err := sc.answer(c)
 	ps.record(node, err)
 	s.leave(&ps)
+	if cerr := sc.cmd.Err(); cerr != nil {
+		return algo.Reply{}, settleError(c, cerr)
+	}
 	if err != nil {
-		return algo.Reply{}, fmt.Errorf("redisstore: settle: %w", err)
+		return algo.Reply{}, err
 	}
 	s.waited(sc)
 	return rep, nil
