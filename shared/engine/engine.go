@@ -602,10 +602,25 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 	p.Attributes = attrs
 	matches := pol.Match(attrs)
 	p.KeyRequired = pol.KeyRequired(attrs, matches)
+	var settling, deciding string // a rule of each kind that matched
 	for _, mt := range matches {
 		for _, mm := range mt.Meters {
 			p.Items = append(p.Items, Item{Key: mm.Key, Meter: mm.Meter, Rule: mt.Rule, Lease: mm.Lease, Groups: 1})
 		}
+		if len(mt.Meters) == 0 {
+			continue
+		}
+		if mt.Rule.Settle {
+			settling = mt.Rule.Name
+		} else {
+			deciding = mt.Rule.Name
+		}
+	}
+	if settling != "" {
+		if deciding != "" {
+			return Plan{}, fmt.Errorf("%w: rule %q settles and rule %q decides, and both match this request: match the response-phase call (the cost already spent) only with settling rules, e.g. on an attribute only that call sends", ErrBadRequest, settling, deciding)
+		}
+		p.Settle = true
 	}
 	return p, nil
 }

@@ -366,3 +366,71 @@ func TestSettleConcurrentStreams(t *testing.T) {
 		})
 	}
 }
+
+// TestSettlingRule: a policy rule marked settle settles every request it matches
+// (the response-phase call, told apart by an attribute only it sends), a request
+// that matches a settling and a deciding rule is refused with the fix, and a
+// settling rule on sliding_log or with a lease is a policy error naming the fix.
+func TestSettlingRule(t *testing.T) {
+	srv := redistest.StartServer(t)
+	st, err := redisstore.Open(redisstore.Config{URL: srv.URL(), Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	p, err := policy.Parse([]byte(`domain: ai
+rules:
+  - name: tokens
+    match: {tenant: "*", phase: request}
+    limits: [{algorithm: fixed_window, rate: 1000/min, counter: tenant-tokens}]
+  - name: tokens-spent
+    match: {tenant: "*", phase: response}
+    settle: true
+    limits: [{algorithm: fixed_window, rate: 1000/min, counter: tenant-tokens}]
+  - name: everything
+    match: {tenant: "*", phase: both}
+    limits: [{algorithm: fixed_window, rate: 1000/min}]
+  - name: everything-spent
+    match: {tenant: "*", phase: both}
+    settle: true
+    limits: [{algorithm: fixed_window, rate: 1000/min}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := engine.New(engine.Config{Policy: p, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	call := func(phase string, cost int64) engine.Verdict {
+		t.Helper()
+		v, err := eng.Check(ctx, engine.Request{Domain: "ai", Attributes: map[string]string{"tenant": "t1", "phase": phase}, Cost: cost})
+		if err != nil {
+			t.Fatalf("Check(%s, %d) = %v", phase, cost, err)
+		}
+		return v
+	}
+	if v := call("request", 900); !v.Allowed {
+		t.Fatal("request phase 900 of 1000 denied")
+	}
+	if v := call("response", 200); !v.Allowed || v.Decision.Remaining != 0 {
+		t.Fatalf("response phase 200 (settling rule): allowed %v remaining %d, want true 0", v.Allowed, v.Decision.Remaining)
+	}
+	if v := call("request", 1); v.Allowed {
+		t.Fatal("request phase after the debt admitted: the settling rule and the deciding rule do not share the count")
+	}
+	_, err = eng.Check(ctx, engine.Request{Domain: "ai", Attributes: map[string]string{"tenant": "t1", "phase": "both"}, Cost: 1})
+	if !errors.Is(err, engine.ErrBadRequest) || !strings.Contains(err.Error(), "only with settling rules") {
+		t.Fatalf("a request matching a settling and a deciding rule = %v, want ErrBadRequest with the fix", err)
+	}
+	for _, tc := range []struct{ limit, want string }{
+		{"{algorithm: sliding_log, rate: 10/s}", "use sliding_window"},
+		{"{algorithm: fixed_window, rate: 10000/s, lease: {units: 50, for: 100ms}}", "remove lease"},
+	} {
+		_, err := policy.Parse([]byte("domain: ai\nrules:\n  - name: spent\n    settle: true\n    limits: [" + tc.limit + "]\n"))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("settling rule with %s = %v, want an error containing %q", tc.limit, err, tc.want)
+		}
+	}
+}
