@@ -202,3 +202,59 @@ func TestSettleStoreDown(t *testing.T) {
 		t.Fatalf("hooks: settled %d failed %d units, want 300 and 600", settled.Load(), failed.Load())
 	}
 }
+
+// TestReserveInProcess: without a store, reservations are kept in process and the
+// same rules hold: the difference settled or given back, a reservation taken once,
+// an expired one's estimate standing.
+func TestReserveInProcess(t *testing.T) {
+	now := time.Date(2024, 1, 1, 12, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	eng, err := engine.New(engine.Config{Policy: tenantPolicy(t, "      - {algorithm: fixed_window, rate: 1000/h}\n"), Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	plan := func(cost int64) engine.Plan {
+		p, err := eng.Plan(engine.Request{Domain: "ai", Attributes: map[string]string{"tenant": "local"}, Cost: cost})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if _, err := eng.Reserve(ctx, plan(300), "a", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	v, err := eng.SettleReserved(ctx, plan(100), "a")
+	if err != nil || v.Decision.Remaining != 900 {
+		t.Fatalf("settle 100 of a reserved 300 = remaining %d, %v; want 900", v.Decision.Remaining, err)
+	}
+	if _, err := eng.Reserve(ctx, plan(800), "b", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	v, err = eng.SettleReserved(ctx, plan(1000), "b")
+	if err != nil || v.Decision.Remaining != 0 || !v.Allowed {
+		t.Fatalf("settle 1000 of a reserved 800 = allowed %v remaining %d, %v; want a debt (remaining 0)", v.Allowed, v.Decision.Remaining, err)
+	}
+	if _, err := eng.SettleReserved(ctx, plan(1000), "b"); !errors.Is(err, engine.ErrUnknownReservation) {
+		t.Fatalf("second settlement = %v, want ErrUnknownReservation", err)
+	}
+	if v := eng.Decide(ctx, plan(1)); v.Allowed {
+		t.Fatal("a check after a debt of 100 was admitted")
+	}
+	mu.Lock()
+	now = now.Add(time.Hour) // the next window
+	mu.Unlock()
+	if _, err := eng.Reserve(ctx, plan(50), "c", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	now = now.Add(2 * time.Second)
+	mu.Unlock()
+	if _, err := eng.SettleReserved(ctx, plan(10), "c"); !errors.Is(err, engine.ErrUnknownReservation) {
+		t.Fatalf("settlement after the reservation's ttl = %v, want ErrUnknownReservation", err)
+	}
+	if v, _ := eng.Peek(ctx, plan(0)); v.Decision.Remaining != 950 {
+		t.Fatalf("remaining after an expired reservation of 50 = %d, want 950 (the estimate stands)", v.Decision.Remaining)
+	}
+}
