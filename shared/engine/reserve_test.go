@@ -5,11 +5,13 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/shared/algo"
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
@@ -256,5 +258,46 @@ func TestReserveInProcess(t *testing.T) {
 	}
 	if v, _ := eng.Peek(ctx, plan(0)); v.Decision.Remaining != 950 {
 		t.Fatalf("remaining after an expired reservation of 50 = %d, want 950 (the estimate stands)", v.Decision.Remaining)
+	}
+}
+
+// failingRefunder fails every refund, as a Redis node that is down would.
+type failingRefunder struct{}
+
+func (failingRefunder) Refund(context.Context, algo.Check, int64) error {
+	return errors.New("node down")
+}
+
+// TestSettleReservedKeptOnFailure: a settlement that takes its reservation and then
+// fails to charge or give back the difference puts the reservation back, so that the
+// settlement sent again lands.
+func TestSettleReservedKeptOnFailure(t *testing.T) {
+	p := tenantPolicy(t, "      - {algorithm: fixed_window, rate: 1000/h}\n")
+	broken, err := engine.New(engine.Config{Policy: p, Refunder: failingRefunder{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	plan := func(cost int64) engine.Plan {
+		pl, err := broken.Plan(engine.Request{Domain: "ai", Attributes: map[string]string{"tenant": "t"}, Cost: cost})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pl
+	}
+	if _, err := broken.Reserve(ctx, plan(300), "r", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	_, err = broken.SettleReserved(ctx, plan(100), "r")
+	if !errors.Is(err, engine.ErrSettleFailed) || !strings.Contains(err.Error(), "kept") {
+		t.Fatalf("SettleReserved with the refund failing = %v, want ErrSettleFailed with the reservation kept", err)
+	}
+	// The settlement sent again finds the reservation (and fails the same way here:
+	// the refunder is still down); an extra charge needs no refund and lands.
+	if _, err := broken.SettleReserved(ctx, plan(400), "r"); err != nil {
+		t.Fatalf("SettleReserved(400) sent again = %v, want it to land", err)
+	}
+	if v, _ := broken.Peek(ctx, plan(0)); v.Decision.Remaining != 600 {
+		t.Fatalf("remaining = %d, want 600", v.Decision.Remaining)
 	}
 }

@@ -262,12 +262,30 @@ func (e *Engine) SettleReserved(ctx context.Context, p Plan, id string) (Verdict
 	case diff > 0:
 		extra := p
 		extra.Cost = diff
-		return e.Settle(ctx, extra)
+		sv, err := e.Settle(ctx, extra)
+		if err != nil {
+			return Verdict{}, e.keepAgain(ctx, p.Domain, id, v, err)
+		}
+		return sv, nil
 	case diff < 0:
 		if err := e.refund(ctx, p, -diff, rec.Charged); err != nil {
-			return Verdict{}, fmt.Errorf("engine: give back %d units of reservation %q: %w", -diff, id, err)
+			err = fmt.Errorf("engine: %w: give back %d units of reservation %q: %w", ErrSettleFailed, -diff, id, err)
+			return Verdict{}, e.keepAgain(ctx, p.Domain, id, v, err)
 		}
 	}
 	// Settled at the estimate or below: nothing more is charged.
 	return e.Peek(ctx, p)
+}
+
+// keepAgain puts back the record of reservation id, taken by a settlement that then
+// failed with cause, so that the settlement sent again finds it (the reservation
+// waits DefaultReservationTTL more). It returns cause, saying whether the
+// reservation is kept.
+func (e *Engine) keepAgain(ctx context.Context, domain, id, record string, cause error) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if kept, err := e.reservations.PutReservation(rctx, reservationKey(domain, id), record, DefaultReservationTTL); err != nil || !kept {
+		return fmt.Errorf("%w (reservation %q lost: its estimate stands)", cause, id)
+	}
+	return fmt.Errorf("%w (reservation %q kept: send the settlement again)", cause, id)
 }
