@@ -3,7 +3,9 @@
 // timeout, and falls back to the policy's failure mode when the store fails, behind a
 // circuit breaker. Denied keys are remembered in process until they can be retried, so
 // a blocked client costs no store round trip. A limit the policy leases is served from
-// a slice of its quota reserved in the store (see lease.go).
+// a slice of its quota reserved in the store (see lease.go). A cost already spent is
+// settled, charged and never refused, and an estimate may be reserved first and
+// settled later (see settle.go).
 package engine
 
 import (
