@@ -7,7 +7,7 @@ package algo
 // (the last bucket) and one field per bucket number modulo the ring's length; the
 // buckets between the last write and now are cleared before the current one is
 // incremented, so a stale lap is never counted.
-func bucketRing(m Meter, s State, now, cost int64) (State, []Decision) {
+func bucketRing(m Meter, s State, now, cost int64, force bool) (State, []Decision) {
 	w := micros(m.RingBucket())
 	size := int64(0)
 	for _, l := range m.Limits {
@@ -40,7 +40,7 @@ func bucketRing(m Meter, s State, now, cost int64) (State, []Decision) {
 		allowed = allowed && ds[i].Allowed
 	}
 	var ns State
-	if allowed {
+	if allowed || force {
 		ns = State{Set: true, Window: cur, Buckets: make([]int64, size), ExpiresMicros: (cur + size) * w}
 		for j := max(cur-size+1, last-size+1); set && j <= last; j++ {
 			ns.Buckets[mod(j, size)] = bucket(j)
@@ -87,7 +87,7 @@ func bucketRing(m Meter, s State, now, cost int64) (State, []Decision) {
 			}
 		}
 	}
-	if !allowed {
+	if !allowed && !force {
 		// Windows that would allow are still not charged: report them as allowed with
 		// what they have, so a caller sees which window denied.
 		return s, ds

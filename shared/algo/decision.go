@@ -176,30 +176,69 @@ func (m Meter) Step(s State, now time.Time, cost int64) (State, []Decision) {
 
 // StepMicros is Step with the time given in Unix microseconds, the unit the scripts use.
 func (m Meter) StepMicros(s State, now int64, cost int64) (State, []Decision) {
+	return m.step(s, now, cost, false)
+}
+
+// step decides cost units on m; with force the units are charged even when a limit
+// denies (a settlement), and the state returned holds them.
+func (m Meter) step(s State, now int64, cost int64, force bool) (State, []Decision) {
 	l := m.Limits[0]
 	switch l.Algorithm {
 	case FixedWindow:
-		ns, d := fixedWindow(l, s, now, cost, m.Record)
+		ns, d := fixedWindow(l, s, now, cost, m.Record, force)
 		return ns, []Decision{d}
 	case SlidingLog:
 		ns, d := slidingLog(l, s, now, cost, m.Record)
 		return ns, []Decision{d}
 	case SlidingWindow:
-		ns, d := slidingWindow(l, s, now, cost)
+		ns, d := slidingWindow(l, s, now, cost, force)
 		return ns, []Decision{d}
 	case TokenBucket:
-		ns, d := tokenBucket(l, s, now, cost)
+		ns, d := tokenBucket(l, s, now, cost, force)
 		return ns, []Decision{d}
 	case GCRA:
-		ns, d := gcra(l, s, now, cost, false)
+		ns, d := gcra(l, s, now, cost, false, force)
 		return ns, []Decision{d}
 	case LeakyBucket:
-		ns, d := gcra(l, s, now, cost, true)
+		ns, d := gcra(l, s, now, cost, true, force)
 		return ns, []Decision{d}
 	case BucketRing:
-		return bucketRing(m, s, now, cost)
+		return bucketRing(m, s, now, cost, force)
 	}
 	return s, []Decision{{Limit: l.Count, Period: l.Period}}
+}
+
+// ErrCannotSettle is the error of a settlement on a meter whose algorithm cannot hold
+// a debt (see Algorithm.CanSettle).
+var ErrCannotSettle = errors.New("algo: sliding_log cannot settle: it keeps one entry per unit, so a debt would grow its log past the limit without bound; use sliding_window (or fixed_window, token_bucket, gcra) for a limit that settles")
+
+// Settle charges a cost already spent (a settlement): the units land even when they
+// take a limit past its count, leaving a debt that later requests pay back as the
+// algorithm's arithmetic gives units back (see Algorithm.CanSettle). It returns the
+// state holding the charge and one decision per limit, each Allowed (the charge
+// landed), with Remaining and ResetAfter read after the charge: a limit in debt has
+// Remaining 0 and a ResetAfter that counts until the debt is paid and the limit is
+// full again. RetryAfter and Delay are zero. It fails with ErrCannotSettle for a
+// sliding_log meter.
+func (m Meter) Settle(s State, now time.Time, cost int64) (State, []Decision, error) {
+	return m.SettleMicros(s, now.UnixMicro(), cost)
+}
+
+// SettleMicros is Settle with the time given in Unix microseconds.
+func (m Meter) SettleMicros(s State, now int64, cost int64) (State, []Decision, error) {
+	if !m.Algorithm().CanSettle() {
+		return s, nil, ErrCannotSettle
+	}
+	ns, _ := m.step(s, now, cost, true)
+	if cost == 0 {
+		ns = s
+	}
+	// What the limit says after the charge: a peek (cost 0) at the new state.
+	_, ds := m.step(ns, now, 0, false)
+	for i := range ds {
+		ds[i].Allowed, ds[i].RetryAfter, ds[i].Delay = true, 0, 0
+	}
+	return ns, ds, nil
 }
 
 // Allowed reports whether every decision allows.

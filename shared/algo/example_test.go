@@ -1,6 +1,7 @@
 package algo_test
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -97,4 +98,34 @@ func ExampleEscape() {
 	// 2001%3Adb8%3A%3A%7B1%7D
 	// true
 	// 65
+}
+
+func ExampleMeter_Settle() {
+	// A tenant's 1000 tokens a minute, refilled continuously.
+	m := algo.Meter{Limits: []algo.Limit{{Algorithm: algo.TokenBucket, Count: 1000, Period: time.Minute}}}
+	now := time.Date(2024, 1, 1, 12, 0, 0, 0, time.UTC)
+	var st algo.State
+	st, ds := m.Step(st, now, 900) // the request's estimate, decided as usual
+	fmt.Println("check 900:", ds[0].Allowed, "remaining", ds[0].Remaining)
+	_, ds = m.Step(st, now, 200) // a plain charge of 200 does not fit, and charges nothing
+	fmt.Println("charge 200:", ds[0].Allowed)
+	st, ds, err := m.Settle(st, now, 200) // the response's 200 tokens were spent: settle them
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("settle 200:", ds[0].Allowed, "remaining", ds[0].Remaining, "full again in", ds[0].ResetAfter)
+	_, ds = m.Step(st, now, 1) // a debt of 100: paid back at 1000 a minute
+	fmt.Println("next check:", ds[0].Allowed, "retry in", ds[0].RetryAfter)
+	_, ds = m.Step(st, now.Add(ds[0].RetryAfter), 1)
+	fmt.Println("after the retry:", ds[0].Allowed)
+	_, _, err = algo.Meter{Limits: []algo.Limit{{Algorithm: algo.SlidingLog, Count: 10, Period: time.Minute}}}.Settle(algo.State{}, now, 20)
+	fmt.Println(errors.Is(err, algo.ErrCannotSettle))
+	// Output:
+	// check 900: true remaining 100
+	// charge 200: false
+	// settle 200: true remaining 0 full again in 1m6s
+	// next check: false retry in 6.06s
+	// after the retry: true
+	// true
 }

@@ -10,7 +10,7 @@ package algo
 // A calendar window (Limit.In set WindowStartMicros and Period) is named by its start
 // instead of its index, KEY:c<start>; a now outside it is taken to its start or to the
 // window that follows it, of the same length, as the Lua script does.
-func fixedWindow(l Limit, s State, now, cost int64, record string) (State, Decision) {
+func fixedWindow(l Limit, s State, now, cost int64, record string, force bool) (State, Decision) {
 	if l.Calendar.Unit != "" && l.WindowStartMicros == 0 {
 		l = l.In(now)
 	}
@@ -46,7 +46,9 @@ func fixedWindow(l Limit, s State, now, cost int64, record string) (State, Decis
 		if used == 0 {
 			d.ResetAfter = 0
 		}
-		return s, d
+		if !force {
+			return s, d
+		}
 	}
 	d.Allowed = true
 	d.Remaining = n - used - cost

@@ -29,7 +29,7 @@ func ceilTat(x float64) time.Duration { return ceilUs(x - tatGrid) }
 // With shape set it is leaky_bucket, a shaper rather than a meter: the same
 // admission test, where Capacity is the queue size, and an admitted request is held
 // for Delay = TAT - now so that requests leave at the steady rate.
-func gcra(l Limit, s State, now, cost int64, shape bool) (State, Decision) {
+func gcra(l Limit, s State, now, cost int64, shape, force bool) (State, Decision) {
 	t := float64(micros(l.Period)) / float64(l.Count)
 	b := float64(l.Capacity())
 	fnow := float64(now)
@@ -48,7 +48,9 @@ func gcra(l Limit, s State, now, cost int64, shape bool) (State, Decision) {
 			d.RetryAfter = ceilTat(newRel - burst)
 		}
 		d.ResetAfter = ceilTat(rel)
-		return s, d
+		if !force {
+			return s, d
+		}
 	}
 	d.Allowed = true
 	d.Remaining = max(0, int64(math.Floor((burst-newRel+tatSlack)/t)))

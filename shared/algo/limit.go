@@ -49,6 +49,11 @@ func (a Algorithm) HasBurst() bool {
 	return a == TokenBucket || a == GCRA || a == LeakyBucket
 }
 
+// CanSettle reports whether a meter of the algorithm can take a settlement (Meter.Settle):
+// a charge that is never refused and may leave a debt. Every algorithm but sliding_log
+// can: its log keeps an entry per unit, and a debt would grow it without bound.
+func (a Algorithm) CanSettle() bool { return a != SlidingLog }
+
 // CanRecord reports whether the algorithm can keep a recorded attribute value with each
 // admitted request: sliding_log keeps it in the log entry, fixed_window in a per-window
 // hash of value counts.

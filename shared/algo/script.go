@@ -28,10 +28,12 @@ const (
 	EntryMany Entry = "many"
 	// EntryRefund gives back the charges of a decide call made with undo data.
 	EntryRefund Entry = "refund"
+	// EntrySettle charges every meter of one request, never refusing (Meter.Settle).
+	EntrySettle Entry = "settle"
 )
 
 // Entries lists every entry point of the Lua library.
-var Entries = []Entry{EntryDecide, EntryMany, EntryRefund}
+var Entries = []Entry{EntryDecide, EntryMany, EntryRefund, EntrySettle}
 
 // A Library is tollgate's Lua: every algorithm once, and the entry points that run
 // them. A Library is immutable.
@@ -376,6 +378,11 @@ type Check struct {
 	// NowMicros is the decision time in Unix microseconds; 0 means the store's own
 	// clock (the Redis server's TIME).
 	NowMicros int64
+	// Settle makes the check a settlement (Meter.Settle): every meter is charged Cost,
+	// never refused, and may be left in debt. A store settles each cluster slot on its
+	// own (nothing is refused, so nothing is all-or-nothing) and never batches or
+	// refunds a settlement.
+	Settle bool
 }
 
 // An Outcome is the answer to a Check.

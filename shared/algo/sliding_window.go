@@ -10,7 +10,7 @@ import (
 // current window began. It admits while estimate + cost <= Count. O(1) memory; the
 // estimate assumes the previous window's units were spread evenly. State: Window,
 // Count (cur), Prev. In Redis: one hash {w, c, p}.
-func slidingWindow(l Limit, s State, now, cost int64) (State, Decision) {
+func slidingWindow(l Limit, s State, now, cost int64, force bool) (State, Decision) {
 	p := micros(l.Period)
 	w := floorDiv(now, p)
 	var shift int64
@@ -22,7 +22,7 @@ func slidingWindow(l Limit, s State, now, cost int64) (State, Decision) {
 		shift = w*p - now
 		now = w * p
 	}
-	ns, d := slidingWindowAt(l, s, w, now, cost)
+	ns, d := slidingWindowAt(l, s, w, now, cost, force)
 	if d.RetryAfter > 0 && cost <= l.Count {
 		d.RetryAfter += us(shift)
 	}
@@ -33,7 +33,7 @@ func slidingWindow(l Limit, s State, now, cost int64) (State, Decision) {
 }
 
 // slidingWindowAt decides at now, in window w.
-func slidingWindowAt(l Limit, s State, w, now, cost int64) (State, Decision) {
+func slidingWindowAt(l Limit, s State, w, now, cost int64, force bool) (State, Decision) {
 	p, n := micros(l.Period), l.Count
 	e := now - w*p
 	var cur, prev int64
@@ -65,7 +65,9 @@ func slidingWindowAt(l Limit, s State, w, now, cost int64) (State, Decision) {
 			d.RetryAfter = us((w+1)*p - now + t)
 		}
 		d.ResetAfter = slidingWindowReset(w, p, now, cur, prev)
-		return s, d
+		if !force {
+			return s, d
+		}
 	}
 	d.Allowed = true
 	d.Remaining = int64(math.Floor(float64(n) - est - float64(cost)))

@@ -7,7 +7,7 @@ import "math"
 // a full bucket. State: Tokens, Time (last refill, µs). In Redis: one hash {t, s, e}, e the
 // state's ExpiresMicros, so that the script, like a store of the model, reads a
 // state past it as an absent key.
-func tokenBucket(l Limit, s State, now, cost int64) (State, Decision) {
+func tokenBucket(l Limit, s State, now, cost int64, force bool) (State, Decision) {
 	p, n, b := float64(micros(l.Period)), float64(l.Count), float64(l.Capacity())
 	tokens, last := b, float64(now)
 	if s.Set {
@@ -20,14 +20,17 @@ func tokenBucket(l Limit, s State, now, cost int64) (State, Decision) {
 	avail := math.Min(b, tokens+elapsed*n/p)
 	d := Decision{Limit: l.Count, Period: l.Period}
 	if avail < float64(cost) {
-		d.Remaining = int64(math.Floor(avail))
+		// A settlement's debt leaves fewer than no tokens: none remain.
+		d.Remaining = max(0, int64(math.Floor(avail)))
 		if cost > l.Capacity() {
 			d.RetryAfter = l.Period
 		} else {
 			d.RetryAfter = ceilUs(ahead + (float64(cost)-avail)*p/n)
 		}
 		d.ResetAfter = ceilUs(ahead + (b-avail)*p/n)
-		return s, d
+		if !force {
+			return s, d
+		}
 	}
 	left := avail - float64(cost)
 	d.Allowed = true

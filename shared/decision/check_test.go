@@ -63,7 +63,7 @@ var parseCases = []struct {
 	{body: `{"domain":"test","attributes":{"a":"1","a":"2"}}`, field: "attributes.a", err: "given twice"},
 	{body: `{"domain":"a","attributes":{"x":"1"},"attributes":{"y":"2"}}`, field: "attributes", err: "given twice"},
 	// Names match exactly: "DOMAIN" used to be taken for "domain".
-	{body: `{"DOMAIN":"test"}`, field: "DOMAIN", err: `unknown field "DOMAIN"; known fields: domain, attributes, cost`},
+	{body: `{"DOMAIN":"test"}`, field: "DOMAIN", err: `unknown field "DOMAIN"; known fields: domain, attributes, cost, settle, reserve_id, reserve_ttl_ms`},
 	{body: `{"Domain":"test","COST":2}`, field: "Domain", err: `unknown field "Domain"`},
 	{body: `{"domain":"test","colour":1}`, field: "colour", err: `unknown field "colour"`},
 	{body: `{"domain":"test","a/b~c":1}`, field: "a/b~c", err: `unknown field "a/b~c"`},
@@ -197,7 +197,7 @@ func TestCheckAnswerBytes(t *testing.T) {
 		{`{"domain":"nope<&>"}`, http.StatusBadRequest, http.Header{},
 			`{"error":"bad request: unknown domain \"nope\u003c\u0026\u003e\": this service decides domain \"test\"","field":"domain"}`},
 		{`{"domain":"test","colour":1}`, http.StatusBadRequest, http.Header{},
-			`{"error":"unknown field \"colour\"; known fields: domain, attributes, cost","field":"colour"}`},
+			`{"error":"unknown field \"colour\"; known fields: domain, attributes, cost, settle, reserve_id, reserve_ttl_ms","field":"colour"}`},
 	}
 	for i, s := range steps {
 		rec := httptest.NewRecorder()

@@ -1,5 +1,6 @@
 // Package decision is tollgate's HTTP decision protocol: POST /v1/check answers 200 or
-// 429 with the RateLimit headers, plus admin (/v1/state, /v1/reset), health
+// 429 with the RateLimit headers (and settles, reserves and settles reservations:
+// see CheckRequest), plus admin (/v1/state, /v1/reset), health
 // (/healthz, /readyz) and Prometheus metrics (/metrics). The same handler serves the
 // Lambda Function URL and the plain local server.
 package decision
@@ -93,8 +94,30 @@ func NewHandler(eng *engine.Engine, opts Options) http.Handler {
 type CheckRequest struct {
 	Domain     string            `json:"domain"`
 	Attributes map[string]string `json:"attributes"`
-	// Cost defaults to 1 when absent.
+	// Cost defaults to 1 when absent; a settlement must state it.
 	Cost *int64 `json:"cost,omitempty"`
+	// Settle says the cost was spent already: it is charged, never refused, and may
+	// leave the limits in debt (engine.Engine.Settle). With ReserveID it settles that
+	// reservation with the actual cost.
+	Settle bool `json:"settle,omitempty"`
+	// ReserveID names a reservation: without Settle, the cost is an estimate,
+	// decided as usual and kept under this id when admitted (engine.Engine.Reserve);
+	// with Settle, the reservation to settle.
+	ReserveID string `json:"reserve_id,omitempty"`
+	// ReserveTTLMs is how long a reservation waits for its settlement, in
+	// milliseconds (default 300000, at most 3600000); past it the estimate stands.
+	ReserveTTLMs *int64 `json:"reserve_ttl_ms,omitempty"`
+}
+
+// A Check is a parsed /v1/check body: the request, and the reservation it makes or
+// settles.
+type Check struct {
+	Request engine.Request
+	// ReserveID is the reservation made (Request.Settle false) or settled; "" for
+	// none.
+	ReserveID string
+	// ReserveTTL is how long a reservation is kept (0: the default).
+	ReserveTTL time.Duration
 }
 
 // LimitJSON is one limit's decision in a response.
@@ -156,25 +179,53 @@ func ms(d time.Duration) int64 {
 // attributes), invalid UTF-8 or anything after the object is an error, as is an
 // unknown field. Answers are written by encoding/json.
 func ParseCheckRequest(body []byte) (engine.Request, *ErrorResponse) {
+	c, perr := ParseCheck(body)
+	return c.Request, perr
+}
+
+// ParseCheck decodes a /v1/check body as ParseCheckRequest does, with the
+// reservation it makes or settles (reserve_id, reserve_ttl_ms).
+func ParseCheck(body []byte) (Check, *ErrorResponse) {
 	if len(body) > bounds.MaxBody {
-		return engine.Request{}, &ErrorResponse{Error: fmt.Sprintf("body is larger than %d bytes", bounds.MaxBody)}
+		return Check{}, &ErrorResponse{Error: fmt.Sprintf("body is larger than %d bytes", bounds.MaxBody)}
 	}
 	if !utf8.Valid(body) {
-		return engine.Request{}, &ErrorResponse{Error: "body is not valid UTF-8"}
+		return Check{}, &ErrorResponse{Error: "body is not valid UTF-8"}
 	}
 	var cr CheckRequest
 	if err := jsonv2.Unmarshal(body, &cr, jsonv2.RejectUnknownMembers(true)); err != nil {
-		return engine.Request{}, jsonError(body, err)
+		return Check{}, jsonError(body, err)
 	}
 	if cr.Domain == "" {
-		return engine.Request{}, &ErrorResponse{Error: `domain is required, e.g. {"domain": "public-api", "attributes": {...}}`, Field: "domain"}
+		return Check{}, &ErrorResponse{Error: `domain is required, e.g. {"domain": "public-api", "attributes": {...}}`, Field: "domain"}
 	}
-	r := engine.Request{Domain: cr.Domain, Attributes: cr.Attributes, Cost: 1}
+	r := engine.Request{Domain: cr.Domain, Attributes: cr.Attributes, Cost: 1, Settle: cr.Settle}
 	if cr.Cost != nil {
 		r.Cost = *cr.Cost
 	}
-	return r, nil
+	c := Check{Request: r, ReserveID: cr.ReserveID}
+	switch {
+	case cr.Settle && cr.Cost == nil:
+		return Check{}, &ErrorResponse{Error: `cost is required with settle: send the units spent, e.g. {"settle": true, "cost": 200}`, Field: "cost"}
+	case cr.ReserveID == "" && bytes.Contains(body, []byte(`"reserve_id"`)):
+		return Check{}, &ErrorResponse{Error: "reserve_id is empty: send the id that names the reservation", Field: "reserve_id"}
+	case len(cr.ReserveID) > maxReserveID:
+		return Check{}, &ErrorResponse{Error: fmt.Sprintf("reserve_id is %d bytes long: use at most %d", len(cr.ReserveID), maxReserveID), Field: "reserve_id"}
+	case cr.ReserveTTLMs != nil && cr.ReserveID == "":
+		return Check{}, &ErrorResponse{Error: "reserve_ttl_ms needs a reserve_id: send the reservation's id, or remove reserve_ttl_ms", Field: "reserve_ttl_ms"}
+	case cr.ReserveTTLMs != nil && cr.Settle:
+		return Check{}, &ErrorResponse{Error: "reserve_ttl_ms applies to a reservation, not to its settlement: remove it", Field: "reserve_ttl_ms"}
+	case cr.ReserveTTLMs != nil && (*cr.ReserveTTLMs < 1 || *cr.ReserveTTLMs > engine.MaxReservationTTL.Milliseconds()):
+		return Check{}, &ErrorResponse{Error: fmt.Sprintf("reserve_ttl_ms must be 1 to %d (an hour); leave it out for %d", engine.MaxReservationTTL.Milliseconds(), engine.DefaultReservationTTL.Milliseconds()), Field: "reserve_ttl_ms"}
+	}
+	if cr.ReserveTTLMs != nil {
+		c.ReserveTTL = time.Duration(*cr.ReserveTTLMs) * time.Millisecond
+	}
+	return c, nil
 }
+
+// maxReserveID bounds a reserve_id's length, in bytes, as the engine does.
+const maxReserveID = 128
 
 // jsonError turns an error of jsonv2.Unmarshal on body into an answer that names the
 // field and says what was wrong with it.
@@ -183,7 +234,7 @@ func jsonError(body []byte, err error) *ErrorResponse {
 	if errors.As(err, &se) {
 		field := fieldName(se.JSONPointer)
 		if errors.Is(err, jsonv2.ErrUnknownName) {
-			return &ErrorResponse{Error: fmt.Sprintf("unknown field %q; known fields: domain, attributes, cost", field), Field: field}
+			return &ErrorResponse{Error: fmt.Sprintf("unknown field %q; known fields: domain, attributes, cost, settle, reserve_id, reserve_ttl_ms", field), Field: field}
 		}
 		got := kindName(se.JSONKind)
 		if se.JSONKind == '0' && len(se.JSONValue) > 0 {
@@ -242,8 +293,12 @@ func want(field string) string {
 		return "a JSON object"
 	case field == "domain":
 		return "a string"
-	case field == "cost":
+	case field == "cost", field == "reserve_ttl_ms":
 		return "a whole number"
+	case field == "settle":
+		return "true or false"
+	case field == "reserve_id":
+		return "a string"
 	case field == "attributes":
 		return "an object of strings"
 	case strings.HasPrefix(field, "attributes."):
@@ -253,13 +308,28 @@ func want(field string) string {
 }
 
 func (h *handler) check(w http.ResponseWriter, r *http.Request) {
-	req, ok := readRequest(w, r)
+	c, ok := readCheck(w, r)
 	if !ok {
 		return
 	}
-	v, err := h.eng.Check(r.Context(), req)
+	req := c.Request
+	var v engine.Verdict
+	var err error
+	if c.ReserveID == "" {
+		v, err = h.eng.Check(r.Context(), req)
+	} else {
+		var p engine.Plan
+		if p, err = h.eng.Plan(req); err == nil {
+			if req.Settle {
+				v, err = h.eng.SettleReserved(r.Context(), p, c.ReserveID)
+			} else {
+				v, err = h.eng.Reserve(r.Context(), p, c.ReserveID, c.ReserveTTL)
+			}
+		}
+	}
 	if err != nil {
-		// Only a caller's mistake: the failure mode answers a store failure.
+		// A caller's mistake, an unknown reservation, or a settlement the store did
+		// not take: the failure mode answers a decision's store failure.
 		h.writeEngineError(w, err)
 		return
 	}
@@ -403,24 +473,35 @@ type LimitState struct {
 	Records map[string]int64 `json:"records,omitempty"`
 }
 
-// readRequest reads and parses the body of a /v1/check (or admin) request, and
-// answers the client's mistake: 413 for a body over bounds.MaxBody, else 400.
+// readRequest reads and parses the body of an admin request, which neither settles
+// nor reserves, and answers the client's mistake (see readCheck).
 func readRequest(w http.ResponseWriter, r *http.Request) (engine.Request, bool) {
+	c, ok := readCheck(w, r)
+	if ok && (c.Request.Settle || c.ReserveID != "") {
+		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: "settle and reserve_id belong to /v1/check: remove them", Field: "settle"})
+		return engine.Request{}, false
+	}
+	return c.Request, ok
+}
+
+// readCheck reads and parses the body of a /v1/check request, and answers the
+// client's mistake: 413 for a body over bounds.MaxBody, else 400.
+func readCheck(w http.ResponseWriter, r *http.Request) (Check, bool) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, bounds.MaxBody+1))
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: "reading body: " + err.Error()})
-		return engine.Request{}, false
+		return Check{}, false
 	}
-	req, perr := ParseCheckRequest(body)
+	c, perr := ParseCheck(body)
 	if perr != nil {
 		status := http.StatusBadRequest
 		if len(body) > bounds.MaxBody {
 			status = http.StatusRequestEntityTooLarge
 		}
 		writeJSON(w, status, perr)
-		return engine.Request{}, false
+		return Check{}, false
 	}
-	return req, true
+	return c, true
 }
 
 func (h *handler) state(w http.ResponseWriter, r *http.Request) {
@@ -487,8 +568,18 @@ func badRequest(err error) ErrorResponse {
 }
 
 func (h *handler) writeEngineError(w http.ResponseWriter, err error) {
-	if errors.Is(err, engine.ErrBadRequest) {
+	switch {
+	case errors.Is(err, engine.ErrBadRequest):
 		writeJSON(w, http.StatusBadRequest, badRequest(err))
+		return
+	case errors.Is(err, engine.ErrUnknownReservation):
+		writeJSON(w, http.StatusNotFound, ErrorResponse{Error: err.Error(), Field: "reserve_id"})
+		return
+	case errors.Is(err, engine.ErrSettleFailed):
+		// Not known to be charged: the caller sends it again (a timed-out call may
+		// have run, so a retry may charge twice; the engine counted it).
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusServiceUnavailable, ErrorResponse{Error: "settlement not taken, send it again: " + err.Error()})
 		return
 	}
 	h.log.Error("request failed", "err", err)

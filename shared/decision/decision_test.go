@@ -328,6 +328,10 @@ func FuzzCheckBody(f *testing.F) {
 		`{"domain":"test","attributes":{"api_key":"k1","path":"/gcra"},"cost":1}`,
 		`{"domain":"test","attributes":{"api_key":"{x}:y\n","path":"/both"}}`,
 		`{"domain":"nope"}`, `{"cost":1e99}`, `[]`, `null`, "\xff", `{"domain":"test","attributes":{"a":null}}`,
+		`{"domain":"test","attributes":{"api_key":"k1"},"cost":200,"settle":true}`,
+		`{"domain":"test","attributes":{"api_key":"k1"},"cost":20,"reserve_id":"r1","reserve_ttl_ms":1000}`,
+		`{"domain":"test","attributes":{"api_key":"k1"},"cost":5,"settle":true,"reserve_id":"r1"}`,
+		`{"domain":"test","settle":"yes"}`, `{"domain":"test","reserve_id":""}`, `{"domain":"test","reserve_ttl_ms":5}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -351,8 +355,13 @@ func FuzzCheckBody(f *testing.F) {
 		h.ServeHTTP(rec, httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/check", bytes.NewReader(body)))
 		switch rec.Code {
 		case http.StatusOK, http.StatusTooManyRequests, http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+		case http.StatusNotFound: // a settlement of a reservation never made
+			if !bytes.Contains(body, []byte("reserve_id")) {
+				t.Fatalf("POST %.200q = 404 without a reserve_id", body)
+			}
+			return
 		default:
-			t.Fatalf("POST %.200q = %d %s, want 200, 429, 400 or 413", body, rec.Code, rec.Body)
+			t.Fatalf("POST %.200q = %d %s, want 200, 429, 400, 404 or 413", body, rec.Code, rec.Body)
 		}
 		if !json.Valid(rec.Body.Bytes()) {
 			t.Fatalf("POST %.200q answered invalid JSON %q", body, rec.Body)
@@ -367,7 +376,7 @@ func FuzzCheckBody(f *testing.F) {
 		if err := dec.Decode(&cr); err != nil || dec.More() || perr != nil {
 			t.Fatalf("POST %q = %d, but encoding/json refuses it (%v) or ParseCheckRequest does (%+v)", body, rec.Code, err, perr)
 		}
-		want := engine.Request{Domain: cr.Domain, Attributes: cr.Attributes, Cost: 1}
+		want := engine.Request{Domain: cr.Domain, Attributes: cr.Attributes, Cost: 1, Settle: cr.Settle}
 		if cr.Cost != nil {
 			want.Cost = *cr.Cost
 		}

@@ -21,6 +21,8 @@ type Metrics struct {
 	fallbacks    prometheus.Counter
 	reloads      *prometheus.CounterVec
 	policyInfo   *prometheus.GaugeVec
+	settled      *prometheus.CounterVec
+	settleFailed *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg.
@@ -58,8 +60,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		policyInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tollgate_policy_info", Help: "1 for the running policy, labelled with the SHA-256 of its document.",
 		}, []string{"sha256"}),
+		settled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_settled_units_total", Help: "Units charged after the fact by settlements (a cost already spent, never refused), by domain.",
+		}, []string{"domain"}),
+		settleFailed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_settle_failed_units_total", Help: "Units of settlements the store did not take (or timed out on), answered 503 so the caller sends them again, by domain.",
+		}, []string{"domain"}),
 	}
-	reg.MustRegister(m.decisions, m.latency, m.redis, m.redisErrors, m.failureModes, m.breaker, m.denyHits, m.fallbacks, m.reloads, m.policyInfo)
+	reg.MustRegister(m.decisions, m.latency, m.redis, m.redisErrors, m.failureModes, m.breaker, m.denyHits, m.fallbacks, m.reloads, m.policyInfo, m.settled, m.settleFailed)
 	return m
 }
 
@@ -114,5 +122,7 @@ func (m *Metrics) Hooks() engine.Hooks {
 		FailureMode:  func(mode policy.FailureMode) { m.failureModes.WithLabelValues(string(mode)).Inc() },
 		DenyCacheHit: func() { m.denyHits.Inc() },
 		BreakerState: m.setBreaker,
+		Settled:      func(domain string, units int64) { m.settled.WithLabelValues(domain).Add(float64(units)) },
+		SettleFailed: func(domain string, units int64, _ error) { m.settleFailed.WithLabelValues(domain).Add(float64(units)) },
 	}
 }

@@ -3,7 +3,9 @@
 // timeout, and falls back to the policy's failure mode when the store fails, behind a
 // circuit breaker. Denied keys are remembered in process until they can be retried, so
 // a blocked client costs no store round trip. A limit the policy leases is served from
-// a slice of its quota reserved in the store (see lease.go).
+// a slice of its quota reserved in the store (see lease.go). A cost already spent is
+// settled, charged and never refused, and an estimate may be reserved first and
+// settled later (see settle.go).
 package engine
 
 import (
@@ -67,6 +69,9 @@ type Request struct {
 	Attributes map[string]string
 	// Cost is the request's weight in units; 0 peeks without charging.
 	Cost int64
+	// Settle makes the request a settlement: its cost was spent already, and is
+	// charged, never refused (see Engine.Settle).
+	Settle bool
 	// KeyHashed says the front door put the SHA-256 of the request's API key in its
 	// key attribute (algo.HashValue), so the policy's plan table finds it by that
 	// hash. Otherwise the value is the client's, and one that looks like a hash is
@@ -212,6 +217,14 @@ type Hooks struct {
 	FailureMode func(mode policy.FailureMode)
 	// DenyCacheHit is called when the deny cache answers.
 	DenyCacheHit func()
+	// Settled is called with the units of every settlement charged in the store
+	// (Settle, and the part of SettleReserved above its estimate): the units
+	// charged after the fact (tollgate_settled_units_total).
+	Settled func(domain string, units int64)
+	// SettleFailed is called with the units of a settlement the store failed to
+	// take (or may have taken: a call that timed out): the units not known to be
+	// charged, which the caller was told to send again.
+	SettleFailed func(domain string, units int64, err error)
 	// BreakerState is called with a node's name and its circuit breaker's new state
 	// when the breaker changes state, with "closed" when it is created, and with ""
 	// when the node has left the topology and its breaker is dropped.
@@ -236,6 +249,9 @@ type Config struct {
 	// nil. Without one, unused units stay charged until their window ends or their
 	// bucket refills.
 	Refunder Refunder
+	// Reservations keeps the records of reservations (Reserve). Default: Store, if
+	// it is a Reservations, or the in-process store.
+	Reservations Reservations
 }
 
 // Engine decides requests. It is safe for simultaneous use.
@@ -249,6 +265,8 @@ type Engine struct {
 	log      *slog.Logger
 	hooks    Hooks
 	refunder Refunder // nil: leases give nothing back
+	// reservations keeps the reservations' records
+	reservations Reservations
 }
 
 // current is the policy an engine decides with and what is derived from it. SetPolicy
@@ -302,6 +320,13 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.Store == nil && e.refunder == nil {
 		e.refunder = e.local
+	}
+	e.reservations = cfg.Reservations
+	if r, ok := cfg.Store.(Reservations); ok && e.reservations == nil {
+		e.reservations = r
+	}
+	if e.reservations == nil {
+		e.reservations = e.local
 	}
 	e.cur.Store(newCurrent(cfg.Policy))
 	st := e.breakerSettings(cfg.Policy.Failure.Breaker)
@@ -435,6 +460,8 @@ type Plan struct {
 	Domain string
 	// Cost is the request's weight in units; 0 peeks without charging.
 	Cost int64
+	// Settle makes Decide settle the plan (Engine.Settle) instead of deciding it.
+	Settle bool
 	// Items holds one item per store key.
 	Items []Item
 	// KeyRequired reports that only rules keyed on an API key could limit the request,
@@ -469,12 +496,13 @@ func (p Plan) Check() algo.Check {
 // Join returns one plan that decides ps together, all-or-nothing, with each store key
 // once (two plans that reach the same limit of the same client charge it once); an
 // item of ps[g] belongs to group g. The plans must share the domain and cost, and be
-// at most MaxGroups; the joint plan needs a key if any does.
+// at most MaxGroups; the joint plan needs a key if any does, and settles if the first
+// does.
 func Join(ps []Plan) Plan {
 	if len(ps) == 0 {
 		return Plan{}
 	}
-	j := Plan{Domain: ps[0].Domain, Cost: ps[0].Cost, cur: ps[0].cur}
+	j := Plan{Domain: ps[0].Domain, Cost: ps[0].Cost, Settle: ps[0].Settle, cur: ps[0].cur}
 	at := map[string]int{}
 	for g, p := range ps[:min(len(ps), MaxGroups)] {
 		j.KeyRequired = j.KeyRequired || p.KeyRequired
@@ -547,7 +575,7 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 			}
 		}
 	}
-	p := Plan{Domain: r.Domain, Cost: r.Cost, cur: cur}
+	p := Plan{Domain: r.Domain, Cost: r.Cost, Settle: r.Settle, cur: cur}
 	if ra, ok := attrs[RemoteAddress]; ok {
 		p.Client, p.AddressFellBack = identity.Address(ra, attrs[ForwardedFor], pol.Identity)
 		if p.AddressFellBack && e.hooks.IdentityFallback != nil {
@@ -576,30 +604,61 @@ func (e *Engine) Plan(r Request) (Plan, error) {
 	p.Attributes = attrs
 	matches := pol.Match(attrs)
 	p.KeyRequired = pol.KeyRequired(attrs, matches)
+	var settling, deciding string // a rule of each kind that matched
 	for _, mt := range matches {
 		for _, mm := range mt.Meters {
 			p.Items = append(p.Items, Item{Key: mm.Key, Meter: mm.Meter, Rule: mt.Rule, Lease: mm.Lease, Groups: 1})
 		}
+		if len(mt.Meters) == 0 {
+			continue
+		}
+		if mt.Rule.Settle {
+			settling = mt.Rule.Name
+		} else {
+			deciding = mt.Rule.Name
+		}
+	}
+	if settling != "" {
+		if deciding != "" {
+			return Plan{}, fmt.Errorf("%w: rule %q settles and rule %q decides, and both match this request: match the response-phase call (the cost already spent) only with settling rules, e.g. on an attribute only that call sends", ErrBadRequest, settling, deciding)
+		}
+		p.Settle = true
 	}
 	return p, nil
 }
 
-// Check decides r: Plan, then Decide. Being over a limit is a Verdict, not an error;
-// the error is ErrBadRequest (wrapped) for a caller's mistake. A store failure is
-// never an error: the policy's failure mode decides and the verdict says Degraded.
+// Check decides r: Plan, then Decide (or, for a settlement, Settle). Being over a
+// limit is a Verdict, not an error; the error is ErrBadRequest (wrapped) for a
+// caller's mistake. A store failure is not an error for a decision (the policy's
+// failure mode decides and the verdict says Degraded); for a settlement it is one,
+// wrapping ErrSettleFailed, since no failure mode can stand in for a charge.
 func (e *Engine) Check(ctx context.Context, r Request) (Verdict, error) {
 	p, err := e.Plan(r)
 	if err != nil {
 		return Verdict{}, err
 	}
+	if p.Settle {
+		return e.Settle(ctx, p)
+	}
 	return e.Decide(ctx, p), nil
 }
 
 // Decide decides a plan: from the deny cache when it knows a key is denied, else in
-// the store, else (the store failed) by the policy's failure mode.
+// the store, else (the store failed) by the policy's failure mode. A plan that
+// settles is settled (Settle); when the settlement fails, or cannot be made, the
+// verdict is not allowed, ReasonUnavailable, so that a front door that reads only
+// the verdict answers "try again" (Settle returns the error itself).
 func (e *Engine) Decide(ctx context.Context, p Plan) Verdict {
 	if p.cur == nil {
 		p.cur = e.cur.Load()
+	}
+	if p.Settle {
+		v, err := e.Settle(ctx, p)
+		if err != nil {
+			v = Verdict{Reason: ReasonUnavailable, Degraded: true}
+			v.Decision = algo.Decision{RetryAfter: time.Second}
+		}
+		return v
 	}
 	start := e.clock()
 	v := e.decide(ctx, p, start)

@@ -27,6 +27,8 @@ type Store struct {
 	states map[string]algo.State
 	max    int
 	clock  func() time.Time
+	// reserved holds the records of reservations (PutReservation), at most max.
+	reserved map[string]reservation
 }
 
 // New returns a store that keeps at most maxKeys keys (0: DefaultMaxKeys) and reads
@@ -82,16 +84,14 @@ func (s *Store) Decide(_ context.Context, c algo.Check) (algo.Outcome, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if c.Settle {
+		return s.settle(c, now)
+	}
 	out := algo.Outcome{Allowed: true, NowMicros: now, Decisions: make([][]algo.Decision, len(c.Meters))}
 	next := make([]algo.State, len(c.Meters))
 	charge := make([]bool, len(c.Meters))
 	for i, m := range c.Meters {
-		st := s.states[c.Keys[i]]
-		if st.Set && st.ExpiresMicros <= now {
-			// Every model treats a state past its expiry exactly like an absent key.
-			st = algo.State{}
-		}
-		ns, ds := m.StepMicros(st, now, c.Cost)
+		ns, ds := m.StepMicros(s.get(c.Keys[i], now), now, c.Cost)
 		out.Decisions[i] = ds
 		if algo.Allowed(ds) {
 			next[i], charge[i] = ns, true
@@ -103,19 +103,56 @@ func (s *Store) Decide(_ context.Context, c algo.Check) (algo.Outcome, error) {
 		return out, nil
 	}
 	for i := range c.Meters {
-		if !charge[i] {
-			continue
+		if charge[i] {
+			s.put(c.Keys[i], next[i], now)
 		}
-		if !next[i].Set {
-			delete(s.states, c.Keys[i])
-			continue
-		}
-		if _, ok := s.states[c.Keys[i]]; !ok && len(s.states) >= s.max {
-			s.evict(now)
-		}
-		s.states[c.Keys[i]] = next[i]
 	}
 	return out, nil
+}
+
+// settle charges every meter of c at now, never refusing (algo.Meter.Settle). Every
+// meter is checked first, so a meter that cannot settle leaves every state as it was.
+func (s *Store) settle(c algo.Check, now int64) (algo.Outcome, error) {
+	for _, m := range c.Meters {
+		if !m.Algorithm().CanSettle() {
+			return algo.Outcome{}, fmt.Errorf("memstore: %w", algo.ErrCannotSettle)
+		}
+	}
+	out := algo.Outcome{Allowed: true, NowMicros: now, Decisions: make([][]algo.Decision, len(c.Meters))}
+	for i, m := range c.Meters {
+		st := s.get(c.Keys[i], now)
+		ns, ds, err := m.SettleMicros(st, now, c.Cost)
+		if err != nil {
+			return algo.Outcome{}, fmt.Errorf("memstore: %w", err)
+		}
+		out.Decisions[i] = ds
+		if c.Cost > 0 {
+			s.put(c.Keys[i], ns, now)
+		}
+	}
+	return out, nil
+}
+
+// get returns the state of key at now: a state past its expiry is an absent key.
+func (s *Store) get(key string, now int64) algo.State {
+	st := s.states[key]
+	if st.Set && st.ExpiresMicros <= now {
+		// Every model treats a state past its expiry exactly like an absent key.
+		return algo.State{}
+	}
+	return st
+}
+
+// put stores st for key, making room in a full store.
+func (s *Store) put(key string, st algo.State, now int64) {
+	if !st.Set {
+		delete(s.states, key)
+		return
+	}
+	if _, ok := s.states[key]; !ok && len(s.states) >= s.max {
+		s.evict(now)
+	}
+	s.states[key] = st
 }
 
 // evictSample is how many states evict examines: a bounded amount of work per insert

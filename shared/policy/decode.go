@@ -58,7 +58,7 @@ var (
 	breakerFields   = []string{"failures", "open_for"}
 	identityFields  = []string{"trusted_proxies", "ipv6_prefix"}
 	denyCacheFields = []string{"enabled", "max_entries"}
-	ruleFields      = []string{"name", "match", "limits", "unlimited", "replaces", "shadow"}
+	ruleFields      = []string{"name", "match", "limits", "unlimited", "replaces", "shadow", "settle"}
 	limitFields     = []string{"algorithm", "rate", "burst", "bucket", "record", "calendar", "lease", "replicas", "counter"}
 	leaseFields     = []string{"units", "for"}     // lease: see Lease and decoder.lease
 	replicasFields  = []string{"count", "timeout"} // replicas: see decoder.replicas
@@ -841,6 +841,11 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 		}
 	}
 	f.setBool("unlimited", &r.Unlimited)
+	f.setBool("settle", &r.Settle)
+	if r.Settle && r.Unlimited {
+		_, u, _ := f.lookup("settle")
+		d.add(u, f.at("settle"), "an unlimited rule has nothing to charge; remove settle, or unlimited")
+	}
 	if r.Unlimited {
 		if v := f.get("limits"); v != nil {
 			d.add(v, f.at("limits"), "an unlimited rule has no limits; remove limits, or unlimited")
@@ -875,6 +880,9 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 				Counter:  d.counter(lf, l, r, path, j), // counter: see continuity.go
 			})
 			limitNodes = append(limitNodes, d.node(ln))
+			if r.Settle {
+				d.settling(ln, fmt.Sprintf("%s.limits[%d]", path, j), r.Limits[j])
+			}
 			if d.over {
 				return r, nameNode
 			}
@@ -892,6 +900,18 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 		}
 	}
 	return r, nameNode
+}
+
+// settling reports a limit of a settling rule that cannot settle: a sliding_log
+// (a debt would grow its log without bound) or a leased limit (a settlement is
+// charged in Redis at once, never from a lease).
+func (d *decoder) settling(n *yaml.Node, path string, l RuleLimit) {
+	if l.Algorithm == algo.SlidingLog {
+		d.add(n, path+".algorithm", "a settling rule charges costs already spent, past the limit if need be, and sliding_log cannot hold such a debt; use sliding_window, fixed_window, token_bucket or gcra")
+	}
+	if l.Lease.Units > 0 {
+		d.add(n, path+".lease", "a settling rule is charged in Redis at once, never from a lease; remove lease")
+	}
 }
 
 // errSkip marks a problem already reported.

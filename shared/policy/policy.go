@@ -173,6 +173,11 @@ type Rule struct {
 	Match map[string]*Matcher
 	// Shadow rules are decided and reported but never deny.
 	Shadow bool
+	// Settle rules charge costs already spent (an LLM response's tokens, sent by a
+	// response-phase call): a request they match is settled, charged and never
+	// refused, and may leave their limits in debt (engine.Engine.Settle). Their
+	// limits cannot be sliding_log nor leased.
+	Settle bool
 	// Unlimited rules limit nothing: a request they match is admitted by them (an
 	// allow list), and with Replaces they lift other rules' limits.
 	Unlimited bool

@@ -138,7 +138,8 @@ func (s *Store) routeOf(c algo.Check) route {
 	return batched
 }
 
-// Decide decides every meter of c together. On one node (or when every key shares a
+// Decide decides every meter of c together (or, when c.Settle, settles it: see
+// settle). On one node (or when every key shares a
 // cluster slot) it is one call, alone or in a batch: all meters are checked, then
 // charged only if none denies. When the keys of a cluster request fall in several
 // slots, the slots are charged one after the other; when a later slot denies, the
@@ -159,6 +160,9 @@ func (s *Store) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) 
 	}
 	if len(c.Meters) == 0 {
 		return algo.Outcome{Allowed: true, NowMicros: c.NowMicros}, nil
+	}
+	if c.Settle {
+		return s.settle(ctx, c)
 	}
 	r := s.routeOf(c)
 	if r == bySlot {

@@ -29,7 +29,8 @@ local function gcra_check(shape)
       local retry = p
       if cost <= b then retry = ceil_tat(new_rel - burst) end
       put(out, o, 0, max(0, floor((burst - rel + tat_slack) / t)), ceil_tat(rel), retry, 0)
-      return false
+      -- what a settlement (which charges anyway) commits: the TAT past the burst
+      return false, new_rel, ceil_tat(new_rel)
     end
     local delay, reset = 0, ceil_tat(new_rel)
     if shape then delay = ceil_tat(rel) end

@@ -194,6 +194,52 @@ end
 
 local E = {}
 
+-- settle: charge every meter of one request, never refusing: a cost already spent.
+--   KEYS, ARGV: decide's (undo is ignored: a settlement is never refunded).
+--   Each meter's check runs for the state its commit needs, the commit runs whether
+--   the check allowed or not (a meter may go past its limit: a debt that later
+--   requests pay back as the algorithm gives units back), then a peek (cost 0)
+--   reports the meter after the charge.
+--   Reply: decide's without undo; every decision allowed 1 (the charge landed), its
+--     remaining and reset_after read after the charge (remaining 0 while in debt,
+--     reset_after when the debt is paid and the limit full), retry_after and delay 0.
+--   A sliding_log meter cannot settle (its log would grow past the limit without
+--   bound): the call fails before it charges anything.
+function E.settle(keys, args)
+  if not floor then bind() end
+  local now
+  if args[1] == '' then
+    now = server_now()
+    ttl_slack = 0
+  else
+    now = tonumber(args[1])
+    ttl_slack = 1000000
+  end
+  local cost = small(args[2])
+  local m = small(args[4])
+  local sps = {}
+  for i = 1, m do
+    local sp, err = spec(args[3 + 2 * i])
+    if not sp then return err end
+    if sp.algo == A.sliding_log then
+      return redis.error_reply('tollgate: settle: sliding_log cannot settle (a debt would grow its log without bound); use sliding_window, fixed_window, token_bucket or gcra for a limit that settles')
+    end
+    sps[i] = sp
+  end
+  local out = {now, 1}
+  for i = 1, m do
+    local sp, record, key = sps[i], args[4 + 2 * i], keys[i]
+    local o = #out
+    local _, s1, s2, s3, s4 = sp.algo.check(key, now, cost, sp, record, out, o)
+    if cost > 0 then sp.algo.commit(key, now, cost, sp, record, s1, s2, s3, s4) end
+    sp.algo.check(key, now, 0, sp, record, out, o)
+    for j = 0, sp.nl - 1 do
+      out[o + 5 * j + 1], out[o + 5 * j + 4], out[o + 5 * j + 5] = 1, 0, 0
+    end
+  end
+  return out
+end
+
 function E.decide(keys, args)
   if not floor then bind() end
   return request(keys, 0, args, 0)

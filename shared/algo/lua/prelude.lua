@@ -15,7 +15,8 @@
 --   check(key, now, cost, lim, record, out, o) -> allowed, s1, s2, s3, s4
 --     only reads. Writes one decision per limit into out from out[o + 1]: allowed 0|1,
 --     remaining, reset_after_us, retry_after_us, delay_us. allowed (a boolean) says
---     whether the meter admits; s1..s4 are what commit needs.
+--     whether the meter admits; s1..s4 are what commit needs, also when it denies (a
+--     settlement commits a charge that takes the meter past its limit, into debt).
 --   commit(key, now, cost, lim, record, s1, s2, s3, s4) -> extra
 --     writes the charge; extra (a list of strings, or nil) is what a refund needs.
 --   writes(key, now, lim, record) -> the keys commit may write (for undo).

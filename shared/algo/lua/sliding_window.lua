@@ -50,7 +50,8 @@ A.sliding_window = algorithm({
       if reset > 0 then reset = reset + shift end
       if retry > 0 and cost <= n then retry = retry + shift end
       put(out, o, 0, max(0, floor(n - est)), reset, retry, 0)
-      return false
+      -- what a settlement (which charges anyway) commits
+      return false, w, cur, prev, now
     end
     local reset = sw_reset(w, p, now, cur + cost, prev)
     if reset > 0 then reset = reset + shift end

@@ -23,8 +23,10 @@ A.token_bucket = algorithm({
     if avail < cost then
       local retry = p
       if cost <= b then retry = ceil_us(ahead + (cost - avail) * p / n) end
-      put(out, o, 0, floor(avail), ceil_us(ahead + (b - avail) * p / n), retry, 0)
-      return false
+      put(out, o, 0, max(0, floor(avail)), ceil_us(ahead + (b - avail) * p / n), retry, 0)
+      -- what a settlement (which charges anyway) commits: the tokens go below zero
+      local left = avail - cost
+      return false, left, max(now, last), ceil_us(ahead + (b - left) * p / n)
     end
     local left = avail - cost
     local reset = ceil_us(ahead + (b - left) * p / n)
