@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -10,8 +11,8 @@ import (
 )
 
 // FuzzParseERLDir reads a directory of two files, of any content: parseERLDir never
-// panics, merges or refuses a domain the two files share, and every domain it
-// returns has a validated policy.
+// panics, refuses a domain the two files share unless it merges, and every domain
+// it returns has a validated policy.
 func FuzzParseERLDir(f *testing.F) {
 	for _, name := range []string{"basic.yaml", "another.yaml", "share_threshold.yaml"} {
 		b, err := os.ReadFile(filepath.Join("..", "..", "shared", "erl", "testdata", name))
@@ -33,15 +34,15 @@ func FuzzParseERLDir(f *testing.F) {
 		if err != nil {
 			return
 		}
+		if !merge && bytes.Equal(a, b) {
+			t.Fatalf("parseERLDir of one domain in two files without merge = %d domains, want an error", len(set.domains))
+		}
 		if len(set.domains) == 0 || len(set.domains) > 2 {
 			t.Fatalf("parseERLDir of two files = %d domains", len(set.domains))
 		}
 		for name, d := range set.domains {
-			if d.policy == nil || len(d.files) == 0 {
-				t.Fatalf("domain %s = %+v, want a policy and its files", name, d)
-			}
-			if len(d.files) == 2 && !merge {
-				t.Fatalf("domain %s from two files without merge", name)
+			if d.policy == nil || d.tr.Domain != name {
+				t.Fatalf("domain %s = %+v, want its translation and a policy", name, d)
 			}
 		}
 	})
