@@ -194,6 +194,7 @@ func TranslateFiles(files []File, merge bool) ([]Translation, error) {
 	type domain struct {
 		descriptors []descriptor
 		seen        map[string]string // key and value of a top descriptor -> its file
+		files       []string
 	}
 	var order []string
 	domains := map[string]*domain{}
@@ -221,12 +222,13 @@ func TranslateFiles(files []File, merge bool) ([]Translation, error) {
 			d.seen[ds.Key+"\x00"+ds.Value] = f.Name
 		}
 		d.descriptors = append(d.descriptors, r.Descriptors...)
+		d.files = append(d.files, f.Name)
 	}
 	out := make([]Translation, 0, len(order))
 	for _, name := range order {
 		tr, err := translate(name, domains[name].descriptors)
 		if err != nil {
-			return nil, fmt.Errorf("domain %q: %w", name, err)
+			return nil, fmt.Errorf("%s: domain %q: %w", strings.Join(domains[name].files, " + "), name, err)
 		}
 		out = append(out, tr)
 	}
