@@ -590,22 +590,25 @@ func configureRLS(c config) func(*rls.Server) {
 	}
 }
 
-// explainHint is the command that explains a request with c's policy on the embedded
-// Redis at url, as the log line that gives url says it.
+// explainHint says how to explain a request with c's policy on the embedded Redis at
+// url, for the log line that gives url: limiter policy explain reads a policy file,
+// so a policy from elsewhere is saved to one first.
 func explainHint(c config, url string) string {
-	const attrs = " ATTRIBUTE=VALUE..."
-	cmd := "limiter policy explain --redis " + url + " "
+	explain := func(file string) string {
+		return "limiter policy explain --redis " + url + " " + file + " ATTRIBUTE=VALUE..."
+	}
+	builtIn := explain("lambda/policy.yaml") + " (in the source tree: the built-in policy is a copy of that file)"
 	switch {
 	case c.PolicyPath != "":
-		return cmd + c.PolicyPath + attrs
+		return explain(c.PolicyPath)
 	case c.PolicyJSON != "":
-		return "save TOLLGATE_POLICY_JSON's document as policy.json, then: " + cmd + "policy.json" + attrs
+		return "save TOLLGATE_POLICY_JSON's document as policy.json, then " + explain("policy.json")
 	case c.PolicySSM != "":
-		return "aws ssm get-parameter --name " + c.PolicySSM + " --query Parameter.Value --output text > policy.yaml, then: " + cmd + "policy.yaml" + attrs
+		return "aws ssm get-parameter --name " + c.PolicySSM + " --query Parameter.Value --output text > policy.yaml, then " + explain("policy.yaml")
 	case c.ERLConfig != "":
-		return "limiter policy explain reads tollgate policies, not envoyproxy/ratelimit's files; the domains of " + c.ERLConfig + " are not explained (POST /v1/check decides with the built-in lambda/policy.yaml: " + cmd + "lambda/policy.yaml" + attrs + ")"
+		return "the envoyproxy/ratelimit domains of " + c.ERLConfig + " are not tollgate policy files, which limiter policy explain reads; POST /v1/check decides with the built-in policy: " + builtIn
 	}
-	return cmd + "lambda/policy.yaml" + attrs + " (the built-in policy is that file of the source tree)"
+	return builtIn
 }
 
 // policyNamed reports whether c names a policy (a file, a document or a parameter)
