@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/tollgate-dev/tollgate/shared/reload"
@@ -46,4 +47,28 @@ func FuzzParseERLDir(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestParseERLDirNoDescriptors loads a file whose domain has no descriptors, as ERL
+// loads it, beside another file; two files of one domain are refused without merge,
+// naming the setting.
+func TestParseERLDirNoDescriptors(t *testing.T) {
+	doc, err := json.Marshal([]reload.DirFile{{Name: "empty.yaml", Data: []byte("domain: quiet\n")}, {Name: "b.yaml", Data: []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := parseERLDir(doc, false)
+	if err != nil {
+		t.Fatalf("parseERLDir with a domain of no descriptors = %v, want it loaded", err)
+	}
+	if d, ok := set.domains["quiet"]; !ok || d.policy == nil || len(set.domains) != 2 {
+		t.Errorf("domains = %v, want quiet (no descriptors) and d", set.domains)
+	}
+	doc, err = json.Marshal([]reload.DirFile{{Name: "a.yaml", Data: []byte("domain: d\n")}, {Name: "b.yaml", Data: []byte("domain: d\n")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := parseERLDir(doc, false); err == nil || !strings.Contains(err.Error(), "b.yaml") || !strings.Contains(err.Error(), "MERGE_DOMAIN_CONFIG") {
+		t.Errorf("parseERLDir of domain d in two files = %v, want an error naming b.yaml and MERGE_DOMAIN_CONFIG", err)
+	}
 }
