@@ -189,3 +189,31 @@ func TestEmbeddedRedis(t *testing.T) {
 		}
 	}
 }
+
+// TestExplainHint checks that the embedded Redis's log line names the policy the
+// service runs, wherever it comes from.
+func TestExplainHint(t *testing.T) {
+	const url = "redis://127.0.0.1:7"
+	for _, tc := range []struct {
+		name string
+		c    config
+		want []string
+		not  string
+	}{
+		{"file", config{PolicyPath: "/etc/tg/p.yaml"}, []string{"limiter policy explain --redis " + url + " /etc/tg/p.yaml ATTRIBUTE=VALUE..."}, "lambda/policy.yaml"},
+		{"document", config{PolicyJSON: `{"domain":"d"}`}, []string{"TOLLGATE_POLICY_JSON", "policy.json"}, "lambda/policy.yaml"},
+		{"SSM parameter", config{PolicySSM: "/tg/policy"}, []string{"aws ssm get-parameter --name /tg/policy", url + " policy.yaml"}, "lambda/policy.yaml"},
+		{"envoyproxy/ratelimit files alone", config{ERLConfig: "/srv/runtime_data/current/config"}, []string{"/srv/runtime_data/current/config", "not tollgate policy files", "built-in"}, ""},
+		{"built-in", config{}, []string{url + " lambda/policy.yaml", "built-in"}, "envoyproxy"},
+	} {
+		got := explainHint(tc.c, url)
+		for _, w := range tc.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: explainHint = %q, want %q in it", tc.name, got, w)
+			}
+		}
+		if tc.not != "" && strings.Contains(got, tc.not) {
+			t.Errorf("%s: explainHint = %q, names %q", tc.name, got, tc.not)
+		}
+	}
+}
