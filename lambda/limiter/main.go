@@ -510,6 +510,13 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 	}
 	rc := c.RedisERL
 	rc.URL, rc.Cluster = url, c.RedisCluster
+	if s.mini != nil && rc.Timeout == 0 {
+		// The embedded Redis answers from this process, on the CPUs the service
+		// uses: its replies wait on the Go scheduler, not a network, so a command
+		// waits up to a second rather than the default for a real Redis (the policy's
+		// failure timeout still bounds a decision).
+		rc.Timeout = time.Second
+	}
 	if c.Batch {
 		rc.BatchWait = redisstore.DefaultBatchWait
 		if c.BatchWait != 0 {

@@ -157,9 +157,12 @@ func explain(ctx context.Context, args []string, out io.Writer) error {
 		}
 		attrs[k] = v
 	}
+	// explain reads the state; it decides nothing, so the policy's decision budget
+	// (50ms by default) does not bound it: a slow Redis gets 5s, as the peek below.
+	p.Failure.Timeout = max(p.Failure.Timeout, explainTimeout)
 	cfg := engine.Config{Policy: p, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if *url != "" {
-		st, err := redisstore.Open(redisstore.Config{URL: *url, Cluster: *cluster})
+		st, err := redisstore.Open(redisstore.Config{URL: *url, Cluster: *cluster, Timeout: explainTimeout})
 		if err != nil {
 			return err
 		}
@@ -193,7 +196,7 @@ func explain(ctx context.Context, args []string, out io.Writer) error {
 	}
 	var v engine.Verdict
 	if *url != "" {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		pctx, cancel := context.WithTimeout(ctx, explainTimeout)
 		v, err = eng.Peek(pctx, plan)
 		cancel()
 		if err != nil {
@@ -263,3 +266,6 @@ func formatDecision(d algo.Decision) string {
 	}
 	return fmt.Sprintf("%d of %d left, full again in %v", max(0, d.Remaining), d.Limit, d.ResetAfter.Round(time.Millisecond))
 }
+
+// explainTimeout bounds policy explain's read of the state in Redis.
+const explainTimeout = 5 * time.Second
