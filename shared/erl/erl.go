@@ -477,6 +477,9 @@ func share(at string, parent, child *rule) error {
 	if parent == nil || parent.limit == "" || parent.settle {
 		return nil // nothing to share: the child counts on its own
 	}
+	if last := child.path[len(child.path)-1]; last.rank == 0 || strings.HasPrefix(last.match, "{each") {
+		return fmt.Errorf("erl: %s: rate_limit settles into the count of its parent descriptor's rate_limit, one count per parent's value, and key %q keeps a count per value; give the descriptor a value (such as value: response), or share_threshold for a wildcard", at, last.key)
+	}
 	if child.limit != parent.limit {
 		return fmt.Errorf("erl: %s: rate_limit settles into the count of its parent descriptor's rate_limit %s, and states %s; give it the parent's unit, requests_per_unit and extensions, or move it from under that descriptor to count on its own", at, parent.limit, child.limit)
 	}
