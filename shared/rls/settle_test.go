@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,45 +29,24 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/rls"
 )
 
-// tokensPolicy is a tenant's 1000 tokens a minute as a tollgate policy: Envoy's
+// The tokens example (deploy/examples/tokens): a tenant's 1000 tokens a minute as a
+// tollgate policy and as an ERL configuration with tollgate's settle extension. Envoy's
 // request-phase call sends the tenant, its response-phase call (apply_on_stream_done)
 // the tenant and phase=response, which only the settling rule matches; both count one
 // balance.
-const tokensPolicy = `domain: ai
-failure: {mode: closed, timeout: 5s}
-rules:
-  - name: tokens
-    match: {tenant: "*"}
-    limits: [{algorithm: fixed_window, rate: 1000/min, counter: tenant-tokens}]
-  - name: tokens-spent
-    match: {tenant: "*", phase: response}
-    settle: true
-    replaces: [tokens]
-    limits: [{algorithm: fixed_window, rate: 1000/min, counter: tenant-tokens}]
-`
+var tokensFiles = map[string]string{"policy": "policy.yaml", "erl": "ratelimit-config.yaml"}
 
-// tokensERL is the same as an envoyproxy/ratelimit configuration with tollgate's
-// settle extension: the response phase's descriptor, under the tenant's, settles into
-// the tenant's count.
-const tokensERL = `domain: ai
-descriptors:
-  - key: tenant
-    rate_limit: {unit: minute, requests_per_unit: 1000}
-    descriptors:
-      - key: phase
-        value: response
-        rate_limit: {unit: minute, requests_per_unit: 1000, settle: true}
-`
-
-// tokensServer serves the tokens limit, as a tollgate policy or an ERL configuration
+// tokensServer serves the tokens example, its tollgate policy or its ERL configuration
 // (kind "policy" or "erl"), on store, its engines reporting to hooks.
 func tokensServer(t testing.TB, kind string, store engine.Store, hooks engine.Hooks) *rls.Server {
 	t.Helper()
-	doc := []byte(tokensPolicy)
+	doc, err := os.ReadFile(filepath.Join("..", "..", "deploy", "examples", "tokens", tokensFiles[kind]))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var tr erl.Translation
 	if kind == "erl" {
-		var err error
-		if tr, err = erl.Translate([]byte(tokensERL)); err != nil {
+		if tr, err = erl.Translate(doc); err != nil {
 			t.Fatal(err)
 		}
 		doc = tr.Policy
