@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
+	"github.com/tollgate-dev/tollgate/shared/rls"
 )
 
 // erlEnv is envoyproxy/ratelimit's (ERL's) environment as the service reads it: the
@@ -39,8 +40,10 @@ type erlEnv struct {
 	LogFormat      string // "json" or "text"
 	// Merge joins the descriptors of files of one domain (MERGE_DOMAIN_CONFIG).
 	Merge bool
-	// Shadow answers OK where the answer would be OVER_LIMIT (SHADOW_MODE).
-	Shadow bool
+	// Shadow answers OK where the answer would be OVER_LIMIT (SHADOW_MODE); Quota
+	// reports a status over its limit and never denies for it (QUOTA_MODE). See
+	// rls.ERLModes.
+	Shadow, Quota bool
 	// NeedConfig fails /healthcheck while no domain is loaded
 	// (HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED).
 	NeedConfig bool
@@ -148,7 +151,7 @@ func (r *erlReader) duration(name string) time.Duration {
 
 // readERL reads ERL's environment through getenv. Settings that ERL honours and that
 // tollgate cannot honour the same way, where serving anyway would answer otherwise
-// (another backend, configuration over xDS, quota mode), are errors.
+// (another backend, configuration over xDS), are errors.
 func readERL(getenv func(string) string) (erlEnv, error) {
 	r := &erlReader{getenv: getenv}
 	e := erlEnv{On: erlOn(getenv)}
@@ -184,7 +187,9 @@ func readERL(getenv func(string) string) (erlEnv, error) {
 		e.LogFormat = "json"
 	}
 	e.Merge = r.boolean("MERGE_DOMAIN_CONFIG")
-	e.Shadow = r.boolean("SHADOW_MODE")
+	if e.Shadow, e.Quota, err = rls.ERLModes(getenv); err != nil {
+		r.fail("%w", err)
+	}
 	e.NeedConfig = r.boolean("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")
 	e.RedisHealth = r.boolean("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION")
 	e.Prometheus = r.boolean("USE_PROMETHEUS")
@@ -207,9 +212,6 @@ func readERL(getenv func(string) string) (erlEnv, error) {
 	}
 	if v := r.str("BACKEND_TYPE"); !strings.EqualFold(v, "redis") {
 		r.fail("BACKEND_TYPE=%s: tollgate decides on Redis only (its scripts decide every limit of a request at once); point REDIS_URL at a Redis and set BACKEND_TYPE=redis", v)
-	}
-	if r.boolean("QUOTA_MODE") {
-		r.fail("QUOTA_MODE=true: tollgate has no global quota mode yet, and without it would deny what envoyproxy/ratelimit lets through; unset QUOTA_MODE")
 	}
 
 	// What tollgate reads and leaves aside, said once at start.

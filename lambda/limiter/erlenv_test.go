@@ -19,10 +19,9 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/tollgate-dev/tollgate/shared/configmaptest"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
@@ -106,7 +105,7 @@ func TestLoadConfigERL(t *testing.T) {
 
 	t.Run("switches", func(t *testing.T) {
 		c, err := loadConfig(env(erlBase(map[string]string{
-			"MERGE_DOMAIN_CONFIG": "true", "SHADOW_MODE": "true", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED": "true", "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "true",
+			"MERGE_DOMAIN_CONFIG": "true", "SHADOW_MODE": "true", "QUOTA_MODE": "true", "LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED": "true", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED": "true", "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "true",
 			"USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": ":9191", "PROMETHEUS_PATH": "/prom", "GRPC_MAX_CONNECTION_AGE": "1m", "GRPC_MAX_CONNECTION_AGE_GRACE": "5s",
 			"REDIS_PIPELINE_WINDOW": "150us", "REDIS_POOL_SIZE": "7", "REDIS_TIMEOUT": "2s", "REDIS_SENTINEL_AUTH": "sp", "REDIS_PERSECOND": "true", "USE_STATSD": "true",
 		})), nil)
@@ -114,7 +113,7 @@ func TestLoadConfigERL(t *testing.T) {
 			t.Fatal(err)
 		}
 		e := c.ERL
-		if !e.Merge || !e.Shadow || !e.NeedConfig || !e.RedisHealth || !e.Prometheus || e.PrometheusAddr != ":9191" || e.PrometheusPath != "/prom" ||
+		if !e.Merge || !e.Shadow || !e.Quota || !c.EveryDescriptor || !e.NeedConfig || !e.RedisHealth || !e.Prometheus || e.PrometheusAddr != ":9191" || e.PrometheusPath != "/prom" ||
 			e.GRPCMaxAge != time.Minute || e.GRPCMaxAgeGrace != 5*time.Second || c.BatchWait != 150*time.Microsecond {
 			t.Errorf("ERL switches read as %+v, batch wait %v", e, c.BatchWait)
 		}
@@ -140,7 +139,8 @@ func TestLoadConfigERL(t *testing.T) {
 		{"bad switch", erlBase(map[string]string{"SHADOW_MODE": "maybe"}), "SHADOW_MODE"},
 		{"xDS", erlBase(map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW"}), "CONFIG_TYPE=GRPC_XDS_SOTW"},
 		{"memcache", erlBase(map[string]string{"BACKEND_TYPE": "memcache"}), "BACKEND_TYPE=memcache"},
-		{"quota mode", erlBase(map[string]string{"QUOTA_MODE": "true"}), "QUOTA_MODE"},
+		{"bad quota switch", erlBase(map[string]string{"QUOTA_MODE": "sometimes"}), "QUOTA_MODE"},
+		{"bad every-descriptor switch", erlBase(map[string]string{"LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED": "all"}), "LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED"},
 		{"host:port on ERL's default socket type", erlBase(map[string]string{"REDIS_SOCKET_TYPE": ""}), "set REDIS_SOCKET_TYPE=tcp"},
 		{"unknown Redis type", erlBase(map[string]string{"REDIS_TYPE": "replicated"}), "REDIS_TYPE"},
 		{"sentinel without sentinels", erlBase(map[string]string{"REDIS_TYPE": "sentinel", "REDIS_URL": "mymaster"}), "master's name then the sentinels"},
@@ -264,10 +264,18 @@ func TestERLEnvironmentAlone(t *testing.T) {
 			t.Fatalf("share-threshold files request %d = %v, %v; want %v (files/* share 10 an hour)", i+1, r, err, want)
 		}
 	}
-	// A domain no file defines. envoyproxy/ratelimit answers OK with no limit; rls
-	// answers INVALID_ARGUMENT until it does the same.
-	if r, err := ask(t, c, "foo", 1, "hello", "world"); status.Code(err) != codes.InvalidArgument {
-		t.Errorf("unknown domain foo = %v, %v; want INVALID_ARGUMENT (rls's answer today)", r, err)
+	// A domain no file defines: OK with no limit, as envoyproxy/ratelimit answers it,
+	// over gRPC and POST /json, and counted.
+	unknownOK(t, c, "foo")
+	if resp, err := http.Post(p.url+"/json", "application/json", strings.NewReader(`{"domain": "foo", "descriptors": [{"entries": [{"key": "hello", "value": "world"}]}]}`)); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var r rlsv3.RateLimitResponse
+		if err := protojson.Unmarshal(b, &r); err != nil || resp.StatusCode != 200 || r.OverallCode != rlsv3.RateLimitResponse_OK || len(r.Statuses) != 1 || r.Statuses[0].CurrentLimit != nil {
+			t.Errorf("POST /json for unknown domain foo = %d %s (%v), want 200 OK with no limit", resp.StatusCode, b, err)
+		}
 	}
 	// POST /json on PORT.
 	resp, err := http.Post(p.url+"/json", "application/json", strings.NewReader(`{"domain": "basic", "descriptors": [{"entries": [{"key": "one_per_minute", "value": "`+value+`"}]}]}`))
@@ -280,8 +288,8 @@ func TestERLEnvironmentAlone(t *testing.T) {
 	}
 	// DEBUG_PORT: metrics, and the domains served.
 	debug := "http://127.0.0.1:" + debugPort
-	if code, body := get(debug + "/metrics"); code != 200 || !strings.Contains(body, "tollgate_") {
-		t.Errorf("GET DEBUG_PORT/metrics = %d, want 200 with tollgate's metrics", code)
+	if code, body := get(debug + "/metrics"); code != 200 || !strings.Contains(body, "\ntollgate_rls_unknown_domain_requests_total{domain=\"foo\"} 2\n") {
+		t.Errorf("GET DEBUG_PORT/metrics = %d, want 200 with tollgate's metrics, the two requests for domain foo counted:\n%s", code, body)
 	}
 	if code, body := get(debug + "/rlconfig"); code != 200 || body != "another\nbasic\nshare-threshold-test\n" {
 		t.Errorf("GET DEBUG_PORT/rlconfig = %d %q, want the three domains", code, body)
@@ -308,8 +316,9 @@ func TestERLEnvironmentAlone(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if _, err := ask(t, c, "another", 1, "key2", value); status.Code(err) != codes.InvalidArgument {
-		t.Errorf("domain another after its file was removed: %v; want it unknown", err)
+	unknownOK(t, c, "another") // its file removed
+	if _, body := get(debug + "/metrics"); !strings.Contains(body, "\ntollgate_rls_unknown_domain_requests_total{domain=\"another\"} 1\n") {
+		t.Errorf("GET DEBUG_PORT/metrics after a request for removed domain another, want it counted once:\n%s", body)
 	}
 	// An invalid update is refused, logged, and the running configuration stays.
 	vol.Update(map[string]string{"basic.yaml": strings.Replace(basic7, "unit: minute", "unit: fortnight", 1), "share_threshold.yaml": files["share_threshold.yaml"]})
@@ -423,6 +432,64 @@ func TestERLMergeShadowUDS(t *testing.T) {
 	if r, err := ask(t, client, "d", 1, "k2", "v"); err != nil || r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 2 {
 		t.Errorf("k2 (from b.yaml, merged) = %v, %v; want its limit of 2 a minute", r, err)
 	}
+	// POST /json is in shadow mode too: k1's third request is over, and passed.
+	code, r := postJSON(t, s.handler, `{"domain": "d", "descriptors": [{"entries": [{"key": "k1", "value": "v"}]}]}`)
+	if code != http.StatusOK || r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("POST /json k1 in shadow mode = %d %v; want 200, overall OK, descriptor OVER_LIMIT", code, r)
+	}
+}
+
+// TestERLQuotaModeEveryDescriptor sets QUOTA_MODE (a request over a limit is
+// passed, and its descriptor's status says OK) and
+// LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED (the limit headers once per descriptor).
+func TestERLQuotaModeEveryDescriptor(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "q.yaml"), []byte("domain: q\ndescriptors:\n  - key: k1\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: k2\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"), 0o644)
+	base := map[string]string{"RUNTIME_ROOT": filepath.Dir(dir), "RUNTIME_SUBDIRECTORY": ".", "RUNTIME_APPDIRECTORY": filepath.Base(dir),
+		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": redistest.StartServer(t).Addr, "LIMIT_RESPONSE_HEADERS_ENABLED": "true"}
+	for _, quota := range []bool{false, true} {
+		base["QUOTA_MODE"] = strconv.FormatBool(quota)
+		base["LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED"] = strconv.FormatBool(quota)
+		v := strconv.FormatBool(quota) // each run its own counts
+		body := `{"domain": "q", "descriptors": [{"entries": [{"key": "k1", "value": "` + v + `"}]}, {"entries": [{"key": "k2", "value": "` + v + `"}]}]}`
+		c, err := loadConfig(env(base), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := newService(context.Background(), c, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		postJSON(t, s.handler, body) // k1's one request of the minute
+		code, r := postJSON(t, s.handler, body)
+		limits := 0
+		for _, h := range r.ResponseHeadersToAdd {
+			if h.Key == "RateLimit-Limit" {
+				limits++
+			}
+		}
+		wantCode, wantOverall, wantK1, wantLimits := http.StatusTooManyRequests, rlsv3.RateLimitResponse_OVER_LIMIT, rlsv3.RateLimitResponse_OVER_LIMIT, 1
+		if quota {
+			wantCode, wantOverall, wantK1, wantLimits = http.StatusOK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, 2
+		}
+		if code != wantCode || r.OverallCode != wantOverall || len(r.Statuses) != 2 || r.Statuses[0].Code != wantK1 || limits != wantLimits {
+			t.Errorf("QUOTA_MODE=%v: k1 over its limit = %d %v; want %d, overall %v, k1 %v, RateLimit-Limit %d times", quota, code, r, wantCode, wantOverall, wantK1, wantLimits)
+		}
+	}
+}
+
+// postJSON posts body to h's POST /json and returns the status code and the answer.
+func postJSON(t *testing.T, h http.Handler, body string) (int, *rlsv3.RateLimitResponse) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(body)))
+	var r rlsv3.RateLimitResponse
+	if err := protojson.Unmarshal(rec.Body.Bytes(), &r); err != nil {
+		t.Fatalf("POST /json = %d %s: %v", rec.Code, rec.Body, err)
+	}
+	return rec.Code, &r
 }
 
 // TestERLHealthFollowsRedis sets REDIS_HEALTH_CHECK_ACTIVE_CONNECTION: /healthcheck
@@ -516,5 +583,16 @@ func TestERLReloadWhileServing(t *testing.T) {
 	}
 	if applied != 40 {
 		t.Errorf("%d of 40 updates applied, want all", applied)
+	}
+}
+
+// unknownOK checks that c answers a request for domain, which no file defines, as
+// envoyproxy/ratelimit does: OK, and one status OK with no limit.
+func unknownOK(t *testing.T, c rlsv3.RateLimitServiceClient, domain string) {
+	t.Helper()
+	r, err := ask(t, c, domain, 1, "key2", "v")
+	if err != nil || r.OverallCode != rlsv3.RateLimitResponse_OK || len(r.Statuses) != 1 ||
+		r.Statuses[0].Code != rlsv3.RateLimitResponse_OK || r.Statuses[0].CurrentLimit != nil {
+		t.Errorf("unknown domain %s = %v, %v; want OK with one status OK and no limit", domain, r, err)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync/atomic"
 
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	grpchealth "google.golang.org/grpc/health"
@@ -28,7 +27,7 @@ func listen(addr string) (net.Listener, error) {
 }
 
 // grpcOptions are the gRPC server's options: rls's, with envoyproxy/ratelimit's
-// connection ages, TLS and global shadow mode when its environment sets them.
+// connection ages and TLS when its environment sets them.
 func grpcOptions(c config) []grpc.ServerOption {
 	opts := rls.ServerOptions()
 	if c.ERL.GRPCMaxAge > 0 {
@@ -36,9 +35,6 @@ func grpcOptions(c config) []grpc.ServerOption {
 	}
 	if c.ERL.GRPCTLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(c.ERL.GRPCTLS)))
-	}
-	if c.ERL.Shadow {
-		opts = append(opts, grpc.UnaryInterceptor(shadowMode))
 	}
 	return opts
 }
@@ -129,14 +125,4 @@ func (s *service) debugHandler() http.Handler {
 		w.Write([]byte("/debug/pprof/: profiles\n/metrics: Prometheus metrics\n/rlconfig: the envoyproxy/ratelimit domains served\n"))
 	})
 	return mux
-}
-
-// shadowMode is envoyproxy/ratelimit's global shadow mode (SHADOW_MODE): an answer
-// OVER_LIMIT becomes OK, and each descriptor's status still says which is over.
-func shadowMode(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	resp, err := handler(ctx, req)
-	if r, ok := resp.(*rlsv3.RateLimitResponse); ok && r.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
-		r.OverallCode = rlsv3.RateLimitResponse_OK
-	}
-	return resp, err
 }

@@ -58,6 +58,9 @@ type config struct {
 	// answers, from envoyproxy/ratelimit's own LIMIT_RESPONSE_HEADERS_ENABLED and
 	// LIMIT_*_HEADER variables (rls.ERLHeaders); none by default, as in ERL.
 	OneQuota algo.OneQuotaNames
+	// EveryDescriptor sends the OneQuota headers once per descriptor with a limit
+	// (LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED, rls.ERLEveryDescriptor).
+	EveryDescriptor bool
 	// PolicyPath is the policy file (TOLLGATE_POLICY / --policy; empty: the copy of
 	// lambda/policy.yaml built into the binary, or policy.yaml next to the binary on
 	// Lambda). A policy named by a flag wins over one named in the environment.
@@ -215,6 +218,9 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 		return c, err
 	}
 	c.OneQuota = oneQuota
+	if c.EveryDescriptor, err = rls.ERLEveryDescriptor(getenv); err != nil {
+		return c, err
+	}
 	if v := getenv("REDIS_CLUSTER"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
@@ -500,11 +506,7 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 			return nil, fmt.Errorf("start the embedded Redis on %s: %w", addr, busyHint(err, "--embedded-redis ADDR or TOLLGATE_EMBEDDED_REDIS=ADDR"))
 		}
 		url = "redis://" + s.mini.Addr()
-		file := c.PolicyPath
-		if file == "" {
-			file = "lambda/policy.yaml"
-		}
-		log.Info("embedded Redis listening", "url", url, "explain", "limiter policy explain --redis "+url+" "+file+" ATTRIBUTE=VALUE...")
+		log.Info("embedded Redis listening", "url", url, "explain", explainHint(c, url))
 	}
 	rc := c.RedisERL
 	rc.URL, rc.Cluster = url, c.RedisCluster
@@ -528,6 +530,10 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 	// circuit breakers take the policy's settings from the engine made last.
 	if c.ERLConfig != "" {
 		if err := s.loadERL(ctx, c, store, metrics.Hooks(), log); err != nil {
+			s.Close()
+			return nil, err
+		}
+		if err := s.erl.rls.Register(reg); err != nil {
 			s.Close()
 			return nil, err
 		}
@@ -562,12 +568,47 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		mux.Handle("POST /json", s.erl)
 	} else {
 		r := rls.New(s.eng, log)
-		r.OneQuota = c.OneQuota
+		configureRLS(c)(r)
+		if err := r.Register(reg); err != nil {
+			s.Close()
+			return nil, err
+		}
 		s.rls = r
 		mux.Handle("POST /json", r.JSONHandler())
 	}
 	s.handler = mux
 	return s, nil
+}
+
+// configureRLS returns what sets the gRPC service's (and POST /json's) settings from
+// c: its headers and envoyproxy/ratelimit's global shadow and quota modes.
+func configureRLS(c config) func(*rls.Server) {
+	return func(r *rls.Server) {
+		r.OneQuota = c.OneQuota
+		r.EveryDescriptor = c.EveryDescriptor
+		r.Shadow, r.Quota = c.ERL.Shadow, c.ERL.Quota
+	}
+}
+
+// explainHint says how to explain a request with c's policy on the embedded Redis at
+// url, for the log line that gives url: limiter policy explain reads a policy file,
+// so a policy from elsewhere is saved to one first.
+func explainHint(c config, url string) string {
+	explain := func(file string) string {
+		return "limiter policy explain --redis " + url + " " + file + " ATTRIBUTE=VALUE..."
+	}
+	builtIn := explain("lambda/policy.yaml") + " (in the source tree: the built-in policy is a copy of that file)"
+	switch {
+	case c.PolicyPath != "":
+		return explain(c.PolicyPath)
+	case c.PolicyJSON != "":
+		return "save TOLLGATE_POLICY_JSON's document as policy.json, then " + explain("policy.json")
+	case c.PolicySSM != "":
+		return "aws ssm get-parameter --name " + c.PolicySSM + " --query Parameter.Value --output text > policy.yaml, then " + explain("policy.yaml")
+	case c.ERLConfig != "":
+		return "the envoyproxy/ratelimit domains of " + c.ERLConfig + " are not tollgate policy files, which limiter policy explain reads; POST /v1/check decides with the built-in policy: " + builtIn
+	}
+	return builtIn
 }
 
 // policyNamed reports whether c names a policy (a file, a document or a parameter)
@@ -587,7 +628,7 @@ func policyNamed(c config) bool { return c.PolicyPath != "" || c.PolicyJSON != "
 // files count unless RUNTIME_IGNOREDOTFILES. With --erl-config it must hold a file,
 // and dot files are skipped.
 func (s *service) loadERL(ctx context.Context, c config, store engine.Store, hooks engine.Hooks, log *slog.Logger) error {
-	s.erl = &erlDomains{store: store, hooks: hooks, log: log, oneQuota: c.OneQuota}
+	s.erl = newERLDomains(store, hooks, log, configureRLS(c))
 	src := reload.Dir{Path: c.ERLConfig, IgnoreDotFiles: !c.ERL.On || c.ERL.IgnoreDotFiles, AllowMissing: c.ERL.On}
 	rl, set, err := reload.LoadOf(ctx, reload.ConfigOf[erlSet]{
 		Source: src,

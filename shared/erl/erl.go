@@ -195,11 +195,13 @@ type File struct {
 // them: a domain in two files is refused unless merge (ERL's MERGE_DOMAIN_CONFIG)
 // is set, in which case the files' descriptors are joined, in the order of files,
 // into one domain; a descriptor two of them define is refused. An error names the
-// file. The translations are in the order their domains first appear.
+// file (or, for a domain's translation, the domain and its files). The translations are
+// in the order their domains first appear.
 func TranslateFiles(files []File, merge bool) ([]Translation, error) {
 	type domain struct {
 		descriptors []descriptor
 		seen        map[string]string // key and value of a top descriptor -> its file
+		files       []string
 	}
 	var order []string
 	domains := map[string]*domain{}
@@ -227,12 +229,13 @@ func TranslateFiles(files []File, merge bool) ([]Translation, error) {
 			d.seen[ds.Key+"\x00"+ds.Value] = f.Name
 		}
 		d.descriptors = append(d.descriptors, r.Descriptors...)
+		d.files = append(d.files, f.Name)
 	}
 	out := make([]Translation, 0, len(order))
 	for _, name := range order {
 		tr, err := translate(name, domains[name].descriptors)
 		if err != nil {
-			return nil, fmt.Errorf("domain %q: %w", name, err)
+			return nil, fmt.Errorf("domain %q (%s): %w", name, strings.Join(domains[name].files, " + "), err)
 		}
 		out = append(out, tr)
 	}

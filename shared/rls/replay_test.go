@@ -431,3 +431,32 @@ func (s *syncBuffer) Reset() {
 	defer s.mu.Unlock()
 	s.b.Reset()
 }
+
+// TestSetDomains replaces a service's domains whole, as a reloaded directory does: a
+// domain left out is unknown from the next request on (OK with no limit), a domain
+// added is decided.
+func TestSetDomains(t *testing.T) {
+	t.Parallel()
+	eng := testEngine(t, "redis://"+redistest.StartServer(t).Addr, false)
+	srv := rls.NewDomains(nil, slog.New(slog.DiscardHandler))
+	c := serve(t, srv)
+	limited := func(domain string) bool {
+		t.Helper()
+		resp, err := c.ShouldRateLimit(context.Background(), request(domain, descriptor("key1", "x")))
+		if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("domain %s: %v, %v; want OK", domain, resp, err)
+		}
+		return resp.Statuses[0].CurrentLimit != nil
+	}
+	if limited("rl") {
+		t.Errorf("domain rl with no domains set: limited, want unknown")
+	}
+	srv.SetDomains(map[string]rls.Domain{"rl": {Engine: eng}})
+	if !limited("rl") {
+		t.Errorf("domain rl once set: no limit, want its limit")
+	}
+	srv.SetDomains(map[string]rls.Domain{})
+	if limited("rl") {
+		t.Errorf("domain rl once left out: limited, want unknown")
+	}
+}

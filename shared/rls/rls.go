@@ -78,7 +78,7 @@ type Server struct {
 	// domains holds what decides each domain, when there are several; SetDomain
 	// replaces the map whole, so a request reads one version of it.
 	domains   atomic.Pointer[map[string]Domain]
-	domainsMu sync.Mutex // serializes SetDomain
+	domainsMu sync.Mutex // serializes SetDomain and SetDomains
 	log       *slog.Logger
 	// OneQuota names the headers that describe the deciding limit alone, which
 	// response_headers_to_add carries beside RateLimit, RateLimit-Policy and
@@ -262,6 +262,19 @@ func (s *Server) SetDomain(name string, d Domain) {
 		m = map[string]Domain{}
 	}
 	m[name] = d
+	s.domains.Store(&m)
+}
+
+// SetDomains makes domains the whole set of domains decided from the next request
+// on: a domain it leaves out is unknown from then on (a reloaded
+// envoyproxy/ratelimit directory). It is safe while the service serves.
+func (s *Server) SetDomains(domains map[string]Domain) {
+	s.domainsMu.Lock()
+	defer s.domainsMu.Unlock()
+	m := maps.Clone(domains)
+	if m == nil {
+		m = map[string]Domain{}
+	}
 	s.domains.Store(&m)
 }
 
