@@ -35,9 +35,11 @@
 // and never deny, as ERL's service answers them.
 //
 // Limits are fixed windows aligned to the epoch, as ERL's: unit second, minute, hour
-// and day as they are, week 7 days, month 30 days, year 365 days. Two fields of
-// tollgate's own extend a rate_limit: unit_multiplier (a window of several units) and
-// algorithm, with burst (another of tollgate's algorithms). ERL's replaces acts
+// and day as they are, week 7 days, month 30 days, year 365 days. Fields of
+// tollgate's own extend a rate_limit: unit_multiplier (a window of several units),
+// algorithm, with burst (another of tollgate's algorithms), and settle (the limit of
+// Envoy's response-phase call, whose cost is charged and never refused; under a
+// descriptor with a rate_limit, it charges that descriptor's count). ERL's replaces acts
 // across the descriptors of a request, so it is not in the policy but in
 // Translation.Replaces, which package rls applies; so are the names of the unlimited
 // rules and ERL's names of the limits (Translation.Unlimited, Names), which its
@@ -405,7 +407,6 @@ func (t *translator) walk(up *rule, parent []step, where string, ds []descriptor
 		if err := t.walk(own, path, at+".descriptors", d.Descriptors); err != nil {
 			return err
 		}
-
 		below = append(below, t.rules[first:])
 		steps = append(steps, s)
 	}

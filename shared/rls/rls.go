@@ -325,7 +325,6 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	joint := engine.Join(plans)
-	joint.Settle = len(plans) > 0 && plans[0].Settle // every plan's (plan)
 	joint.Replace(dom.Replaces)
 	// An unlimited rule has no items for Replace to find: what it replaces goes here.
 	var gone []string

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/erl"
@@ -322,5 +323,42 @@ func TestSettleUnderLoad(t *testing.T) {
 				t.Errorf("%d checks denied, %d units counted: want the checks denied once the count reached %d", denied.Load(), got, limit)
 			}
 		})
+	}
+}
+
+// TestSettleBesideNoLimit settles a response-phase descriptor beside one that reaches
+// no limit (which has no say), at the descriptor's own hits_addend, as Envoy sends
+// the cost of a route rate limit's hits_addend; the settlement leaves the tenant in
+// debt, and the descriptor without a limit is OK with none.
+func TestSettleBesideNoLimit(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	st, err := redisstore.Open(redisstore.Config{URL: srv.URL(), Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	for _, kind := range []string{"policy", "erl"} {
+		c := serve(t, tokensServer(t, kind, st, engine.Hooks{}))
+		tenant := "beside-" + kind
+		spent := tokens(tenant, true, 0)
+		spent.Descriptors[0].HitsAddend = wrapperspb.UInt64(1200)
+		other := descriptor("model", "m1")
+		other.HitsAddend = wrapperspb.UInt64(1200) // one cost for every descriptor
+		spent.Descriptors = append(spent.Descriptors, other)
+		inOneMinute(5 * time.Second)
+		resp, err := c.ShouldRateLimit(context.Background(), spent)
+		if err != nil {
+			t.Fatalf("%s: %v", kind, err)
+		}
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 0 || resp.Statuses[0].CurrentLimit == nil || resp.Statuses[1].CurrentLimit != nil {
+			t.Errorf("%s: a settlement of 1200 beside a descriptor without a limit = %v, want OK, 0 remaining, and no limit for the second", kind, resp)
+		}
+		if got := counted(t, srv.Client(t), tenant); got != 1200 {
+			t.Errorf("%s: Redis's counter holds %d, want the 1200 settled", kind, got)
+		}
+		if resp, err := c.ShouldRateLimit(context.Background(), tokens(tenant, false, 0)); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Errorf("%s: a check after a debt of 200 = %v, %v; want OVER_LIMIT", kind, resp, err)
+		}
 	}
 }
