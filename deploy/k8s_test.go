@@ -667,10 +667,25 @@ type backendTrafficPolicy struct {
 					} `json:"limit"`
 					Shared     *bool `json:"shared,omitempty"`
 					ShadowMode *bool `json:"shadowMode,omitempty"`
+					Cost       *struct {
+						Request  *rateLimitCostSpecifier `json:"request,omitempty"`
+						Response *rateLimitCostSpecifier `json:"response,omitempty"`
+					} `json:"cost,omitempty"`
 				} `json:"rules"`
 			} `json:"global"`
 		} `json:"rateLimit"`
 	} `json:"spec"`
+}
+
+// rateLimitCostSpecifier is Envoy Gateway's RateLimitCostSpecifier: a number, or a
+// key of the dynamic metadata.
+type rateLimitCostSpecifier struct {
+	From     string  `json:"from"`
+	Number   *uint64 `json:"number,omitempty"`
+	Metadata *struct {
+		Namespace string `json:"namespace"`
+		Key       string `json:"key"`
+	} `json:"metadata,omitempty"`
 }
 
 // gatewayHelmValues is the part of Envoy Gateway's chart values (config.envoyGateway

@@ -35,9 +35,11 @@
 // and never deny, as ERL's service answers them.
 //
 // Limits are fixed windows aligned to the epoch, as ERL's: unit second, minute, hour
-// and day as they are, week 7 days, month 30 days, year 365 days. Two fields of
-// tollgate's own extend a rate_limit: unit_multiplier (a window of several units) and
-// algorithm, with burst (another of tollgate's algorithms). ERL's replaces acts
+// and day as they are, week 7 days, month 30 days, year 365 days. Fields of
+// tollgate's own extend a rate_limit: unit_multiplier (a window of several units),
+// algorithm, with burst (another of tollgate's algorithms), and settle (the limit of
+// Envoy's response-phase call, whose cost is charged and never refused; under a
+// descriptor with a rate_limit, it charges that descriptor's count). ERL's replaces acts
 // across the descriptors of a request, so it is not in the policy but in
 // Translation.Replaces, which package rls applies; so are the names of the unlimited
 // rules and ERL's names of the limits (Translation.Unlimited, Names), which its
@@ -94,6 +96,10 @@ type rateLimit struct {
 	UnitMultiplier uint32 `yaml:"unit_multiplier"`
 	Algorithm      string `yaml:"algorithm"`
 	Burst          int64  `yaml:"burst"`
+	// Settle marks a limit whose descriptor is sent by Envoy's response-phase call
+	// (apply_on_stream_done): its hits_addend is a cost already spent, charged and
+	// never refused (the policy's settle).
+	Settle bool `yaml:"settle"`
 }
 
 type descriptor struct {
@@ -140,6 +146,8 @@ type rule struct {
 	path      []step
 	limit     string // tollgate's limit, or "" for unlimited
 	shadow    bool
+	settle    bool
+	counter   string   // the count it shares (a settling rule and its parent's), or ""
 	replaces  []string // within a descriptor: the guards of a more specific node
 	guardOnly bool
 	// erlReplaces are the names (in the file) of the rate_limits this one replaces
@@ -253,7 +261,7 @@ func parse(data []byte) (root, error) {
 
 func translate(domain string, descriptors []descriptor) (Translation, error) {
 	var t translator
-	if err := t.walk(nil, "descriptors", descriptors); err != nil {
+	if err := t.walk(nil, nil, "descriptors", descriptors); err != nil {
 		return Translation{}, err
 	}
 	replaces, err := t.crossReplaces()
@@ -360,11 +368,12 @@ func wildcard(v string) string {
 	return "~^" + strings.Join(parts, ".*") + "$"
 }
 
-// walk translates the descriptors under the path parent, then adds the guards that
+// walk translates the descriptors under the path parent (whose rate_limit's rule is
+// up, or nil), then adds the guards that
 // let a node take the place of the siblings ERL's walk would not reach: an exact
 // value's of a wildcard's and of the key alone's, a wildcard's of the key alone's
 // and of a later wildcard's.
-func (t *translator) walk(parent []step, where string, ds []descriptor) error {
+func (t *translator) walk(up *rule, parent []step, where string, ds []descriptor) error {
 	var below [][]*rule // per descriptor, the rules of its subtree
 	var steps []step
 	seen := map[string]bool{}
@@ -384,12 +393,18 @@ func (t *translator) walk(parent []step, where string, ds []descriptor) error {
 		s := valueStep(d.Key, attr, d.Value, d.ShareThreshold)
 		path := append(append([]step(nil), parent...), s)
 		first := len(t.rules)
+		var own *rule
 		if rl := d.RateLimit; rl != nil {
 			if err := t.rateLimit(at, path, rl, d.ShadowMode || d.QuotaMode); err != nil {
 				return err
 			}
+			if own = t.rules[first]; own.settle {
+				if err := share(at, up, own); err != nil {
+					return err
+				}
+			}
 		}
-		if err := t.walk(path, at+".descriptors", d.Descriptors); err != nil {
+		if err := t.walk(own, path, at+".descriptors", d.Descriptors); err != nil {
 			return err
 		}
 		below = append(below, t.rules[first:])
@@ -438,7 +453,11 @@ func (t *translator) rateLimit(at string, path []step, rl *rateLimit, shadow boo
 		}
 		r.erlReplaces = append(r.erlReplaces, rp.Name)
 	}
+	r.settle = rl.Settle
 	if rl.Unlimited {
+		if rl.Settle {
+			return fmt.Errorf("erl: %s: rate_limit is unlimited and settles; an unlimited rate_limit has nothing to charge: remove settle, or unlimited", at)
+		}
 		if _, ok := UnitPeriod(rl.Unit); ok {
 			return fmt.Errorf("erl: %s: rate_limit is unlimited and has unit %q; an unlimited rate_limit has no unit: remove unit (and requests_per_unit), or unlimited", at, rl.Unit)
 		}
@@ -450,6 +469,25 @@ func (t *translator) rateLimit(at string, path []step, rl *rateLimit, shadow boo
 		r.limit = lim
 	}
 	t.rules = append(t.rules, r)
+	return nil
+}
+
+// share makes the settling rule child, of the descriptor at at, charge the count of
+// parent, the rule of the enclosing descriptor's rate_limit (nil for none): the
+// response-phase call's descriptor is the request phase's plus the entry that marks
+// it, and its cost belongs to the same count, as ERL's one descriptor for both phases
+// counts it. A settling child must state the same limit as its parent.
+func share(at string, parent, child *rule) error {
+	if parent == nil || parent.limit == "" || parent.settle {
+		return nil // nothing to share: the child counts on its own
+	}
+	if last := child.path[len(child.path)-1]; last.rank == 0 || strings.HasPrefix(last.match, "{each") {
+		return fmt.Errorf("erl: %s: rate_limit settles into the count of its parent descriptor's rate_limit, one count per parent's value, and key %q keeps a count per value; give the descriptor a value (such as value: response), or share_threshold for a wildcard", at, last.key)
+	}
+	if child.limit != parent.limit {
+		return fmt.Errorf("erl: %s: rate_limit settles into the count of its parent descriptor's rate_limit %s, and states %s; give it the parent's unit, requests_per_unit and extensions, or move it from under that descriptor to count on its own", at, parent.limit, child.limit)
+	}
+	parent.counter, child.counter = parent.name, parent.name
 	return nil
 }
 
@@ -585,11 +623,16 @@ func (t *translator) document(domain string) []byte {
 		switch {
 		case r.limit == "":
 			b.WriteString("    unlimited: true\n")
+		case r.counter != "":
+			fmt.Fprintf(&b, "    limits: [%s, counter: %s}]\n", strings.TrimSuffix(r.limit, "}"), yamlString(r.counter))
 		default:
 			fmt.Fprintf(&b, "    limits: [%s]\n", r.limit)
 		}
 		if r.shadow {
 			b.WriteString("    shadow: true\n")
+		}
+		if r.settle {
+			b.WriteString("    settle: true\n")
 		}
 		if len(r.replaces) > 0 {
 			fmt.Fprintf(&b, "    replaces: [%s]\n", strings.Join(r.replaces, ", "))

@@ -42,6 +42,10 @@ func TestTranslateRefuses(t *testing.T) {
 		{"domain: d\ndescriptors: [{key: k, rate_limit: {name: a, unit: second, requests_per_unit: 1, replaces: [{name: a}]}}]\n", `rate_limit "a" replaces itself`},
 		{"domain: d\ndescriptors: [{key: k, rate_limit: {name: a, unit: second, requests_per_unit: 1, replaces: [{name: ''}]}}]\n", `rate_limit.replaces[0] has no name`},
 		{"domain: d\ndescriptors: [{key: k, value: v, share_threshold: true, rate_limit: {unit: second, requests_per_unit: 1}}]\n", `value "v" has no "*"`},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {unlimited: true, settle: true}}]\n", "unlimited and settles"},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: 10}, descriptors: [{key: p, value: r, rate_limit: {unit: minute, requests_per_unit: 20, settle: true}}]}]\n", "give it the parent's unit, requests_per_unit"},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: 10}, descriptors: [{key: p, rate_limit: {unit: minute, requests_per_unit: 10, settle: true}}]}]\n", `key "p" keeps a count per value`},
+		{"domain: d\ndescriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: 10}, descriptors: [{key: p, value: 'r*', rate_limit: {unit: minute, requests_per_unit: 10, settle: true}}]}]\n", `key "p" keeps a count per value`},
 		{"domain: d\ndescriptors: [{key: K, descriptors: [{key: k-86be9a55, rate_limit: {unit: second, requests_per_unit: 1}}]}]\n", `keys "K" and "k-86be9a55" both become attribute "k-86be9a55"`},
 	} {
 		if _, err := erl.Translate([]byte(tt.doc)); err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -97,6 +101,7 @@ descriptors:
 func FuzzTranslate(f *testing.F) {
 	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n    descriptors: [{key: p, value: '/x', rate_limit: {unit: minute, requests_per_unit: 1}}]\n  - {key: k, value: v, rate_limit: {unlimited: true}}\n"))
 	f.Add([]byte("domain: \"Edge\\nidentity: {trusted_proxies: 3}\\n#\"\ndescriptors: [{key: USER_ID, rate_limit: {unit: second, requests_per_unit: 1}, descriptors: [{key: user_id, rate_limit: {unit: second, requests_per_unit: 2}}]}]\n"))
+	f.Add([]byte("domain: ai\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n    descriptors: [{key: phase, value: response, rate_limit: {unit: minute, requests_per_unit: 1000, settle: true}}, {key: phase, value: 'x*', share_threshold: true, rate_limit: {unit: minute, requests_per_unit: 1000, settle: true}}]\n  - {key: spent, rate_limit: {unit: hour, requests_per_unit: 5, algorithm: token_bucket, settle: true}}\n"))
 	f.Add([]byte("domain: w\ndescriptors: [{key: k, value: 'a*b*', share_threshold: true, descriptors: [{key: k, value: '*{x}*', quota_mode: true, rate_limit: {unit: week, requests_per_unit: 1}}]}, {key: k, value: '!*', rate_limit: {unlimited: true}}]\n"))
 	for _, doc := range erlTestFiles(f) {
 		f.Add(doc.Data)
@@ -254,5 +259,49 @@ descriptors:
 		if len(got) != 1 || got[0] != c.period {
 			t.Errorf("key %.20q: the rules that apply have limits %v, want only %s\n%s", c.key, got, c.period, tr.Policy)
 		}
+	}
+}
+
+// TestTranslateSettle reads tollgate's settle extension: the rule of a rate_limit
+// marked settle settles; under a descriptor with the same rate_limit it shares that
+// descriptor's count (the response phase's cost charges the request phase's count,
+// as ERL's one descriptor for both would), elsewhere it counts on its own.
+func TestTranslateSettle(t *testing.T) {
+	t.Parallel()
+	_, p := translate(t, `domain: ai
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+    descriptors:
+      - {key: phase, value: response, rate_limit: {unit: minute, requests_per_unit: 1000, settle: true}}
+  - {key: spent, rate_limit: {unit: hour, requests_per_unit: 5, settle: true}}
+`)
+	want := map[string]struct {
+		settle  bool
+		counter string
+	}{"tenant": {false, "tenant"}, "tenant.phase_response": {true, "tenant"}, "spent": {true, ""}}
+	for _, r := range p.Rules {
+		w, ok := want[r.Name]
+		if !ok {
+			t.Errorf("rule %s, want only %v", r.Name, want)
+			continue
+		}
+		if r.Settle != w.settle || r.Limits[0].Counter != w.counter {
+			t.Errorf("rule %s: settle %v counter %q, want %v %q", r.Name, r.Settle, r.Limits[0].Counter, w.settle, w.counter)
+		}
+	}
+	keys := func(attrs map[string]string) []string {
+		var out []string
+		for _, m := range p.Match(attrs) {
+			for _, mm := range m.Meters {
+				out = append(out, mm.Key)
+			}
+		}
+		return out
+	}
+	check := keys(map[string]string{erl.KeysAttribute: "tenant", "tenant": "t1"})
+	spent := keys(map[string]string{erl.KeysAttribute: "tenant,phase", "tenant": "t1", "phase": "response"})
+	if len(check) != 1 || len(spent) != 1 || check[0] != spent[0] {
+		t.Errorf("the request phase's keys %v and the response phase's %v, want one key both charge", check, spent)
 	}
 }

@@ -18,7 +18,8 @@ import (
 )
 
 // FuzzShouldRateLimit decodes any bytes as a RateLimitRequest and decides it on an
-// in-process engine, and on envoyproxy/ratelimit's test configurations: never a
+// in-process engine, on envoyproxy/ratelimit's test configurations, and on a tokens
+// limit with a settling rule (a policy's and an ERL configuration's): never a
 // panic, and either an answer with one status per descriptor, each as ERL states
 // one (0 remaining when over, no limit when unlimited), or INVALID_ARGUMENT.
 func FuzzShouldRateLimit(f *testing.F) {
@@ -41,6 +42,16 @@ func FuzzShouldRateLimit(f *testing.F) {
 		seed, _ = proto.Marshal(&rlsv3.RateLimitRequest{Domain: "test-domain", HitsAddend: 400, Descriptors: []*rlv3.RateLimitDescriptor{descriptor(d...)}})
 		f.Add(seed)
 	}
+	// Settlements: the response phase's descriptor alone, with a check beside it
+	// (refused), and a request's 0.
+	for _, hits := range []uint32{0, 300} {
+		seed, _ = proto.Marshal(tokens("t1", true, hits))
+		f.Add(seed)
+	}
+	mixed := tokens("t1", false, 5)
+	mixed.Descriptors = append(mixed.Descriptors, tokens("t1", true, 5).Descriptors...)
+	seed, _ = proto.Marshal(mixed)
+	f.Add(seed)
 	srv := rls.New(eng, nil)
 	var erlServers []*rls.Server
 	for _, name := range []string{"basic_config.yaml", "share_threshold.yaml", "wildcard.yaml"} {
@@ -50,6 +61,8 @@ func FuzzShouldRateLimit(f *testing.F) {
 		}
 		erlServers = append(erlServers, s)
 	}
+	// The tokens limit in process, as a tollgate policy and an ERL configuration.
+	erlServers = append(erlServers, tokensServer(f, "policy", nil, engine.Hooks{}), tokensServer(f, "erl", nil, engine.Hooks{}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var req rlsv3.RateLimitRequest
 		if proto.Unmarshal(data, &req) != nil {

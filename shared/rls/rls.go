@@ -16,6 +16,15 @@
 // 4294967295 remaining and no limit when an unlimited rule of the domain reaches it. The cost is the request's hits_addend (1 when unset), or
 // the descriptors' own hits_addend, which must then be the same for all.
 //
+// A request whose descriptors reach rules marked settle (policy rules[].settle, or
+// package erl's settle extension) is a settlement: the cost Envoy's response-phase
+// call reports (apply_on_stream_done, hits_addend from the response) was spent
+// already, so it is charged, never refused (engine.Engine.Settle), and a request's
+// hits_addend of 0 settles 0. Its statuses are OK, with 0 remaining while a limit is
+// in debt. Descriptors of one request that disagree (some settle, some decide) are
+// INVALID_ARGUMENT; a settlement the store does not take is UNAVAILABLE, logged,
+// and counted by the engine's hooks, since Envoy ignores that answer.
+//
 // A descriptor that carries its own limit (Envoy's dynamic limit override,
 // RateLimitDescriptor.limit) is decided by that limit alone, as envoyproxy/ratelimit
 // does: a fixed window of requests_per_unit per unit × unit_multiplier, counted per
@@ -327,8 +336,12 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if len(gone) > 0 {
 		joint.Items = slices.DeleteFunc(joint.Items, func(it engine.Item) bool { return slices.Contains(gone, it.Rule.Name) })
 	}
-	v := eng.Decide(ctx, joint)
-	if v.Reason == engine.ReasonUnavailable {
+	var v engine.Verdict
+	if joint.Settle {
+		if v, err = eng.Settle(ctx, joint); err != nil {
+			return nil, s.settleFailed(req, joint, err)
+		}
+	} else if v = eng.Decide(ctx, joint); v.Reason == engine.ReasonUnavailable {
 		return nil, status.Error(codes.Unavailable, "tollgate: Redis is unavailable and the policy's failure mode is closed")
 	}
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(plans))}
@@ -359,6 +372,19 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 	}
 	return resp, nil
+}
+
+// settleFailed answers a settlement the engine did not make: INVALID_ARGUMENT for a
+// caller's mistake, else UNAVAILABLE. Envoy ignores the answer of a call made when
+// the stream is done (apply_on_stream_done) and does not send it again, so the
+// failure is logged here and its units counted by the engine's hooks
+// (tollgate_settle_failed_units_total): they are the signal.
+func (s *Server) settleFailed(req *rlsv3.RateLimitRequest, p engine.Plan, err error) error {
+	if errors.Is(err, engine.ErrBadRequest) {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	s.log.Error("a settlement (a cost already spent) was not charged; Envoy does not send a response-phase call again, so these units are lost to the count", "domain", req.GetDomain(), "units", p.Cost, "err", err)
+	return status.Error(codes.Unavailable, "tollgate: the settlement was not charged: "+err.Error())
 }
 
 // everyDescriptor returns the one-quota headers named by names for each status that
@@ -404,10 +430,14 @@ func plan(eng *engine.Engine, domain string, unlimitedRules []string, req *rlsv3
 		return nil, nil, err
 	}
 	// As in ERL, a descriptor's hits_addend takes the place of the request's, which is
-	// 1 when unset (0); a descriptor's own 0 checks without charging.
-	cost := func(d *rlv3.RateLimitDescriptor) int64 {
+	// 1 when unset (0) for a check; a descriptor's own 0 checks without charging. A
+	// settlement is the cost Envoy read after the response: a request's 0 settles 0.
+	cost := func(d *rlv3.RateLimitDescriptor, settle bool) int64 {
 		if h := d.GetHitsAddend(); h != nil {
 			return int64(h.GetValue())
+		}
+		if settle {
+			return int64(req.GetHitsAddend())
 		}
 		return int64(max(1, req.GetHitsAddend()))
 	}
@@ -416,9 +446,6 @@ func plan(eng *engine.Engine, domain string, unlimitedRules []string, req *rlsv3
 	for i, d := range req.Descriptors {
 		if err := supported(d); err != nil {
 			return nil, nil, fmt.Errorf("descriptors[%d]: %w", i, err)
-		}
-		if c, c0 := cost(d), cost(req.Descriptors[0]); c != c0 {
-			return nil, nil, fmt.Errorf("descriptors[%d]: a cost (hits_addend) of %d where descriptors[0] has %d; tollgate decides every descriptor of a request together at one cost, so send one hits_addend", i, c, c0)
 		}
 		attrs := make(map[string]string, len(d.GetEntries())+1)
 		keys := make([]string, 0, len(d.GetEntries()))
@@ -433,7 +460,7 @@ func plan(eng *engine.Engine, domain string, unlimitedRules []string, req *rlsv3
 		}
 		// Rules translated from envoyproxy/ratelimit's configuration match on it.
 		attrs[erl.KeysAttribute] = strings.Join(keys, ",")
-		p, err := eng.Plan(engine.Request{Domain: domain, Attributes: attrs, Cost: cost(d)})
+		p, err := eng.Plan(engine.Request{Domain: domain, Attributes: attrs, Cost: cost(d, false)})
 		switch {
 		case err == nil && d.GetLimit() != nil:
 			err = override(&p, eng.Policy(), d)
@@ -445,7 +472,52 @@ func plan(eng *engine.Engine, domain string, unlimitedRules []string, req *rlsv3
 		}
 		plans = append(plans, p)
 	}
+	settle, err := settles(plans)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, d := range req.Descriptors {
+		plans[i].Settle = settle
+		plans[i].Cost = cost(d, settle)
+		if c, c0 := plans[i].Cost, plans[0].Cost; c != c0 {
+			return nil, nil, fmt.Errorf("descriptors[%d]: a cost (hits_addend) of %d where descriptors[0] has %d; tollgate decides every descriptor of a request together at one cost, so send one hits_addend", i, c, c0)
+		}
+	}
 	return plans, unlimited, nil
+}
+
+// settles reports whether the descriptors planned in plans are a settlement (their
+// rules are marked settle: Envoy's response-phase call), refusing a request whose
+// descriptors disagree. A descriptor that reaches no limit has no say.
+func settles(plans []engine.Plan) (bool, error) {
+	first := -1
+	for i, p := range plans {
+		if len(p.Items) == 0 {
+			continue
+		}
+		if first < 0 {
+			first = i
+			continue
+		}
+		if p.Settle != plans[first].Settle {
+			s, d := i, first
+			if plans[first].Settle {
+				s, d = first, i
+			}
+			return false, fmt.Errorf("descriptors[%d] reaches rule %q, which settles (a cost already spent), and descriptors[%d] reaches rule %q, which decides; a request is one or the other: send the response-phase descriptors (those that settle) in a rate limit of their own, with apply_on_stream_done, and mark only them (e.g. a generic_key entry that only they carry)", s, settlingRule(plans[s]), d, plans[d].Items[0].Rule.Name)
+		}
+	}
+	return first >= 0 && plans[first].Settle, nil
+}
+
+// settlingRule names the first rule of p that settles.
+func settlingRule(p engine.Plan) string {
+	for _, it := range p.Items {
+		if it.Rule.Settle {
+			return it.Rule.Name
+		}
+	}
+	return p.Items[0].Rule.Name
 }
 
 // reaches returns the first of the rules of pol named names that applies to attrs and

@@ -1,0 +1,141 @@
+package deploy_test
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"sigs.k8s.io/yaml"
+)
+
+// TestTokensExample checks deploy/examples/tokens, tokens per minute per tenant: the
+// Envoy configuration decoded strictly (protojson, unknown fields refused) into a v3
+// Bootstrap and validated with every typed_config; its route asks twice, before the
+// request (the tenant alone, no hits_addend, not on stream done) and when the stream
+// is done (apply_on_stream_done, hits_addend from dynamic metadata, and the
+// (phase, response) entry the settling rule matches); the filter asks the tollgate_rls
+// cluster over HTTP/2 for the domain of the policy and of the ERL configuration. The
+// Envoy Gateway BackendTrafficPolicy decodes strictly, its response cost read from the
+// metadata key the Envoy configuration reads. (The policy and the ERL configuration are
+// served on real Redis by shared/rls's settlement tests.)
+func TestTokensExample(t *testing.T) {
+	t.Parallel()
+	const dir = "examples/tokens/"
+	j, err := yaml.YAMLToJSONStrict(readFile(t, dir+"envoy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bs bootstrapv3.Bootstrap
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: false}).Unmarshal(j, &bs); err != nil {
+		t.Fatalf("envoy.yaml: not a v3 Bootstrap: %v", err)
+	}
+	if err := bs.ValidateAll(); err != nil {
+		t.Fatalf("envoy.yaml: %v", err)
+	}
+	var hcm hcmv3.HttpConnectionManager
+	if err := bs.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&hcm); err != nil {
+		t.Fatal(err)
+	}
+	if err := hcm.ValidateAll(); err != nil {
+		t.Fatalf("envoy.yaml: the connection manager: %v", err)
+	}
+	var rl *ratelimitv3.RateLimit
+	var names []string
+	for _, f := range hcm.GetHttpFilters() {
+		names = append(names, f.GetName())
+		if err := validateTypedConfig(f); err != nil {
+			t.Fatalf("envoy.yaml: filter %s: %v", f.GetName(), err)
+		}
+		if f.GetName() == "envoy.filters.http.ratelimit" {
+			rl = &ratelimitv3.RateLimit{}
+			if err := f.GetTypedConfig().UnmarshalTo(rl); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if !slices.Equal(names, []string{"envoy.filters.http.ratelimit", "envoy.filters.http.router"}) || rl == nil {
+		t.Fatalf("envoy.yaml: HTTP filters %v, want the rate limit filter before the router", names)
+	}
+	if c := rl.GetRateLimitService().GetGrpcService().GetEnvoyGrpc().GetClusterName(); c != "tollgate_rls" {
+		t.Errorf("the rate limit filter asks cluster %q, want tollgate_rls", c)
+	}
+	for _, c := range bs.GetStaticResources().GetClusters() {
+		if err := validateTypedConfig(c); err != nil {
+			t.Fatalf("envoy.yaml: cluster %s: %v", c.GetName(), err)
+		}
+		if c.GetName() == "tollgate_rls" && len(c.GetTypedExtensionProtocolOptions()) == 0 {
+			t.Errorf("cluster tollgate_rls has no HTTP/2 protocol options; gRPC needs them")
+		}
+	}
+	domain := "domain: " + rl.GetDomain() + "\n"
+	for _, f := range []string{"policy.yaml", "ratelimit-config.yaml"} {
+		if !bytes.Contains(readFile(t, dir+f), []byte(domain)) {
+			t.Errorf("%s does not decide the filter's domain %q", f, rl.GetDomain())
+		}
+	}
+
+	routes := hcm.GetRouteConfig().GetVirtualHosts()[0].GetRoutes()
+	limits := routes[0].GetRoute().GetRateLimits()
+	if len(limits) != 2 {
+		t.Fatalf("the route has %d rate_limits, want 2: the request phase's and the response phase's", len(limits))
+	}
+	check, settle := limits[0], limits[1]
+	if check.GetApplyOnStreamDone() || check.GetHitsAddend() != nil {
+		t.Errorf("the request phase's rate limit: apply_on_stream_done %v, hits_addend %v; want neither (a check at 1)", check.GetApplyOnStreamDone(), check.GetHitsAddend())
+	}
+	if !settle.GetApplyOnStreamDone() || !strings.HasPrefix(settle.GetHitsAddend().GetFormat(), "%DYNAMIC_METADATA(") {
+		t.Errorf("the response phase's rate limit: apply_on_stream_done %v, hits_addend %v; want true and the tokens from dynamic metadata", settle.GetApplyOnStreamDone(), settle.GetHitsAddend())
+	}
+	entries := func(r *routev3.RateLimit) []string {
+		var out []string
+		for _, a := range r.GetActions() {
+			switch {
+			case a.GetRequestHeaders() != nil:
+				out = append(out, a.GetRequestHeaders().GetDescriptorKey()+"=<"+a.GetRequestHeaders().GetHeaderName()+">")
+			case a.GetGenericKey() != nil:
+				out = append(out, a.GetGenericKey().GetDescriptorKey()+"="+a.GetGenericKey().GetDescriptorValue())
+			default:
+				out = append(out, fmt.Sprintf("%v", a))
+			}
+		}
+		return out
+	}
+	if got, want := entries(check), []string{"tenant=<x-tenant-id>"}; !slices.Equal(got, want) {
+		t.Errorf("the request phase's descriptor %v, want %v", got, want)
+	}
+	if got, want := entries(settle), []string{"tenant=<x-tenant-id>", "phase=response"}; !slices.Equal(got, want) {
+		t.Errorf("the response phase's descriptor %v, want %v: the entry only the settling rule matches", got, want)
+	}
+	for _, f := range []string{"policy.yaml", "ratelimit-config.yaml"} {
+		if b := readFile(t, dir+f); !bytes.Contains(b, []byte("settle: true")) || !bytes.Contains(b, []byte("response")) {
+			t.Errorf("%s has no settling rule for phase response", f)
+		}
+	}
+
+	var p backendTrafficPolicy
+	if err := unmarshalStrict(readFile(t, dir+"backendtrafficpolicy.yaml"), &p); err != nil {
+		t.Fatalf("backendtrafficpolicy.yaml: %v", err)
+	}
+	rules := p.Spec.RateLimit.Global.Rules
+	if p.Kind != "BackendTrafficPolicy" || len(rules) != 1 || rules[0].Cost == nil || rules[0].Cost.Request == nil || rules[0].Cost.Response == nil {
+		t.Fatalf("backendtrafficpolicy.yaml: %s with rules %+v, want one rule with a request and a response cost", p.Kind, rules)
+	}
+	c := rules[0].Cost
+	if c.Request.From != "Number" || c.Request.Number == nil || c.Response.From != "Metadata" || c.Response.Metadata == nil {
+		t.Fatalf("cost %+v %+v, want the request's from Number and the response's from Metadata", *c.Request, *c.Response)
+	}
+	if want := fmt.Sprintf("%%DYNAMIC_METADATA(%s:%s)%%", c.Response.Metadata.Namespace, c.Response.Metadata.Key); settle.GetHitsAddend().GetFormat() != want {
+		t.Errorf("envoy.yaml reads the tokens from %s, the BackendTrafficPolicy from %s", settle.GetHitsAddend().GetFormat(), want)
+	}
+	if r := rules[0]; r.Limit.Requests != 1000 || r.Limit.Unit != "Minute" {
+		t.Errorf("the BackendTrafficPolicy's limit %+v, want 1000 a Minute as the policy's", r.Limit)
+	}
+}
