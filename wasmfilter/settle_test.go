@@ -455,3 +455,56 @@ func TestSettleOnlyUpstream(t *testing.T) {
 	})
 }
 
+// FuzzSettleAnswer gives a response any cost header, and its settlement (and the
+// settlements that follow it) any answer, on the compiled filter and the native one:
+// the VM must not trap, the settlement must end (settled, given up, or nothing to
+// settle) within max_attempts, with the tick stopped, and both backends must count
+// the same.
+func FuzzSettleAnswer(f *testing.F) {
+	f.Add("730", "200", "content-type: application/json\n", []byte(`{"allowed":true,"remaining":0}`))
+	f.Add("730", "404", "", []byte(`{"error":"reservation \"tg-1\" is unknown, settled or expired","field":"reserve_id"}`))
+	f.Add("3", "404", "", []byte(`{}`))
+	f.Add("730", "503", "retry-after: 1\n", []byte(`{"error":"settlement not taken, send it again"}`))
+	f.Add("730", "", "", []byte(nil))
+	f.Add("730", "400", "", []byte(`{"error":"cost must be 0 to 1048576","field":"cost"}`))
+	f.Add(" 12 ", "200", "", []byte(`{"allowed":`+strings.Repeat("[", 100)))
+	f.Add("1e3", "200", "", []byte(nil))
+	f.Add("99999999999999999999", "504", "", []byte("upstream request timeout"))
+	config := cfg(`"settle": {"cost_header": "x-tokens-used", "estimate": 10, "max_attempts": 3, "retry_ms": 1}`)
+	f.Fuzz(func(t *testing.T, cost, status, headers string, body []byte) {
+		hs := parseHeaders(headers)
+		if status != "" {
+			hs = append([][2]string{{":status", status}}, hs...)
+		}
+		var got [2][6]uint64
+		for i, b := range backends {
+			host, clock := startFilter(t, b, config)
+			r := &settleRig{t: t, host: host, clock: clock}
+			id, _ := request(host, "k1", "/v1/chat")
+			answer(t, host, id, [][2]string{{":status", "200"}}, `{"allowed":true}`)
+			respond(host, id, [][2]string{{"x-tokens-used", cost}}, nil)
+			sent := uint64(0)
+			for round := 0; round < 8; round++ {
+				host.Tick()
+				for _, c := range r.next() {
+					sent++
+					host.CallOnHttpCallResponse(c.CalloutID, hs, nil, body)
+				}
+				clock.Advance(time.Millisecond)
+			}
+			if p := host.GetTickPeriod(); p != 0 {
+				t.Fatalf("%s: cost %q, answer %q %q %q: tick period %d after 8 rounds, want 0", b, cost, status, headers, body, p)
+			}
+			if sent > 6 {
+				t.Fatalf("%s: cost %q, answer %q: %d settlement callouts, want at most 2 × max_attempts", b, cost, status, sent)
+			}
+			got[i][0] = sent
+			for j, name := range []string{"settled", "settled_units", "settle_retries", "settle_failures", "settle_no_cost"} {
+				got[i][j+1] = counter(t, host, "tollgate."+name)
+			}
+		}
+		if got[0] != got[1] {
+			t.Errorf("cost %q, answer %q %q %q: native %v, wasm %v (callouts, settled, units, retries, failures, no cost); want the same", cost, status, headers, body, got[0], got[1])
+		}
+	})
+}
