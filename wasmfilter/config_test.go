@@ -111,10 +111,10 @@ func TestParseSettle(t *testing.T) {
 		t.Errorf("parseConfig(no settle).settle = %+v, want nil", c.settle)
 	}
 	for config, msg := range map[string]string{
-		`{"cluster": "c", "domain": "d", "settle": {}}`: `invalid plugin configuration: settle.cost_header: settle needs the cost's response header or trailer: set cost_header (e.g. "x-tokens-used") or cost_trailer, or both`,
+		`{"cluster": "c", "domain": "d", "settle": {}}`:                                             `invalid plugin configuration: settle.cost_header: settle needs the cost's response header or trailer: set cost_header (e.g. "x-tokens-used") or cost_trailer, or both`,
 		`{"cluster": "c", "domain": "d", "cost": 0, "settle": {"cost_header": "x", "estimate": 9}}`: `invalid plugin configuration: settle.estimate: is the request's cost when it reserves, so it replaces cost: remove cost, or remove estimate to check with cost and settle the whole response`,
-		`{"cluster": "c", "domain": "d", "settle": {"cost_header": ":status"}}`: `invalid plugin configuration: settle.cost_header: ":status" is not a header name; name the response's own, e.g. "x-tokens-used"`,
-		`{"cluster": "c", "domain": "d", "settle": {"cost_header": "x", "max_attempts": 11}}`: `invalid plugin configuration: settle.max_attempts: must be from 1 to 10`,
+		`{"cluster": "c", "domain": "d", "settle": {"cost_header": ":status"}}`:                     `invalid plugin configuration: settle.cost_header: ":status" is not a header name; name the response's own, e.g. "x-tokens-used"`,
+		`{"cluster": "c", "domain": "d", "settle": {"cost_header": "x", "max_attempts": 11}}`:       `invalid plugin configuration: settle.max_attempts: must be from 1 to 10`,
 	} {
 		if _, err := parseConfig([]byte(config)); err == nil || err.Error() != msg {
 			t.Errorf("parseConfig(%s) error %v, want %s", config, err, msg)

@@ -471,6 +471,10 @@ func FuzzSettleAnswer(f *testing.F) {
 	f.Add("1e3", "200", "", []byte(nil))
 	f.Add("99999999999999999999", "504", "", []byte("upstream request timeout"))
 	config := cfg(`"settle": {"cost_header": "x-tokens-used", "estimate": 10, "max_attempts": 3, "retry_ms": 1}`)
+	// Build and compile the module before the first input: a fuzzing worker counts
+	// an input that takes over 10 s as hung, and two workers building and compiling
+	// at once on two cores come close.
+	filterRuntime(f)
 	f.Fuzz(func(t *testing.T, cost, status, headers string, body []byte) {
 		hs := parseHeaders(headers)
 		if status != "" {
