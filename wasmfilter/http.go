@@ -51,6 +51,8 @@ type httpContext struct {
 	costText string
 	costSeen bool
 	costOK   bool
+	// responded is set once response headers came (the upstream's, or Envoy's own).
+	responded bool
 }
 
 func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) types.Action {
@@ -287,6 +289,7 @@ func (h *httpContext) reply(status uint32, headers [][2]string, body []byte) typ
 }
 
 func (h *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) types.Action {
+	h.responded = true
 	if s := h.settleConfig(); s != nil {
 		h.readCost(s.costHeader, proxywasm.GetHttpResponseHeader)
 	}

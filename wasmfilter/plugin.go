@@ -29,7 +29,7 @@ type metrics struct {
 	failureMode     proxywasm.MetricCounter // requests decided by the failure mode
 	rejected        proxywasm.MetricCounter // 400 answers for an oversize attribute
 	settled         proxywasm.MetricCounter // settlements the service took
-	settledUnits    proxywasm.MetricCounter // units those settlements charged
+	settledUnits    proxywasm.MetricCounter // the costs those settlements settled
 	settleRetries   proxywasm.MetricCounter // settlement attempts that failed and were sent again
 	settleFailures  proxywasm.MetricCounter // settlements given up (each logged with its cost and attributes)
 	settleNoCost    proxywasm.MetricCounter // responses to settle that carried no valid cost

@@ -93,6 +93,14 @@ func (h *httpContext) settleAtEnd() {
 	}
 	kind := h.settle
 	h.settle = settleNone
+	if !h.responded {
+		// The client went away before any response (while its check was out, say):
+		// nothing was spent upstream that a response could report.
+		if kind == settleReserved {
+			proxywasm.LogInfof("tollgate: the stream ended without a response; reservation %s's estimate of %d stands", h.reserveID, s.estimate)
+		}
+		return
+	}
 	if !h.costOK {
 		p.metrics.settleNoCost.Increment(1)
 		what := "no cost"

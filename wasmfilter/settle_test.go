@@ -438,6 +438,10 @@ func TestSettleOnlyUpstream(t *testing.T) {
 		answer(t, host, id, [][2]string{{":status", "200"}}, `{"allowed":true,"degraded":true}`)
 		respond(host, id, [][2]string{{"x-tokens-used", "80"}}, nil)
 
+		// A client gone while its check was out: no response, nothing spent upstream.
+		id, _ = request(host, "k4", "/v1/chat")
+		host.CompleteHttpContext(id)
+
 		host.Tick()
 		cs := r.next()
 		if len(cs) != 2 {
@@ -452,6 +456,7 @@ func TestSettleOnlyUpstream(t *testing.T) {
 				t.Errorf("settlement %d: %s, want %s's whole cost %d without reserve_id", i, cs[i].Body, want.key, want.cost)
 			}
 		}
+		settleCounters(t, host, map[string]uint64{})
 	})
 }
 
