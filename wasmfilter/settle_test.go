@@ -13,6 +13,7 @@ import (
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
 
+	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/wasmfilter/internal/wasmhost"
 )
 
@@ -27,6 +28,17 @@ rules:
     limits:
       - {algorithm: fixed_window, rate: 1000/h}
 `
+
+// TestSettleBoundsMatchTheService: the settle block's reserve_ttl_ms is bounded as
+// the decision service bounds it (the filter cannot import the engine).
+func TestSettleBoundsMatchTheService(t *testing.T) {
+	if maxReserveTTL != engine.MaxReservationTTL {
+		t.Errorf("maxReserveTTL = %v, want the service's %v", maxReserveTTL, engine.MaxReservationTTL)
+	}
+	if engine.DefaultReservationTTL != 300*time.Second {
+		t.Errorf("the service's default reservation TTL is %v; wasmfilter/README.md says 300000 ms", engine.DefaultReservationTTL)
+	}
+}
 
 // sentCheck is a POST /v1/check body as the filter sent it.
 type sentCheck struct {
