@@ -16,6 +16,9 @@ import (
 type answerBody struct {
 	rule, reason, message string // "rule", "reason", "error"
 	hasMessage            bool
+	// degraded is "degraded": the service's failure mode answered, not its store
+	// (so a reservation was not kept).
+	degraded bool
 	// retry and delay are "retry_after_ms" and "delay_ms" (answerMillis): 0 when
 	// absent, not a positive whole number, or too large for a time.Duration.
 	retry, delay time.Duration

@@ -23,6 +23,7 @@ type answerJSON struct {
 	Rule         *string     `json:"rule"`
 	Reason       *string     `json:"reason"`
 	Error        *string     `json:"error"`
+	Degraded     *bool       `json:"degraded"`
 	DelayMs      json.Number `json:"delay_ms"`
 	RetryAfterMs json.Number `json:"retry_after_ms"`
 }
@@ -45,6 +46,9 @@ func parseAnswerErr(body []byte) (answerBody, error) {
 	}
 	if aj.Error != nil {
 		a.message, a.hasMessage = *aj.Error, true
+	}
+	if aj.Degraded != nil {
+		a.degraded = *aj.Degraded
 	}
 	a.delay, a.retry = answerMillis(aj.DelayMs.String()), answerMillis(aj.RetryAfterMs.String())
 	return a, nil

@@ -28,6 +28,7 @@ func parseAnswerErr(body []byte) (answerBody, error) {
 	a.rule, _ = member(v, "rule").Str()
 	a.reason, _ = member(v, "reason").Str()
 	a.message, a.hasMessage = member(v, "error").Str()
+	a.degraded, _ = member(v, "degraded").Bool()
 	delay, _ := member(v, "delay_ms").Num()
 	retry, _ := member(v, "retry_after_ms").Num()
 	a.delay, a.retry = answerMillis(delay), answerMillis(retry)

@@ -3,6 +3,7 @@ package main
 import (
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/tollgate-dev/tollgate/wasmfilter/internal/jsonv"
@@ -121,17 +122,48 @@ func pickAll(attrs []value, names []string) ([]value, bool) {
 // checkBody writes the decision request:
 // {"domain": D, "attributes": {NAME: VALUE, ...}, "cost": N}.
 func checkBody(domain string, attrs []value, cost int64) []byte {
-	n := 48 + len(domain)
-	for _, a := range attrs {
+	return checkRequest{domain: domain, attrs: attrs, cost: cost}.body()
+}
+
+// A checkRequest is one POST /v1/check: a decision, a reservation (reserveID), or a
+// settlement (settle, with reserveID when it settles a reservation).
+type checkRequest struct {
+	domain     string
+	attrs      []value
+	cost       int64
+	settle     bool
+	reserveID  string
+	reserveTTL time.Duration // with a reservation; 0: the service's default
+}
+
+// body writes the request as JSON: {"domain": D, "attributes": {NAME: VALUE, ...},
+// "cost": N}, then "settle": true, "reserve_id" and "reserve_ttl_ms" when set.
+func (r checkRequest) body() []byte {
+	n := 48 + len(r.domain) + len(r.reserveID)
+	for _, a := range r.attrs {
 		n += len(a.name) + len(a.value) + 8
+	}
+	if r.settle || r.reserveID != "" {
+		n += 64
 	}
 	b := make([]byte, 0, n)
 	b = append(b, `{"domain":`...)
-	b = jsonv.AppendString(b, domain, false)
+	b = jsonv.AppendString(b, r.domain, false)
 	b = append(b, `,"attributes":`...)
-	b = appendJSONObject(b, attrs)
+	b = appendJSONObject(b, r.attrs)
 	b = append(b, `,"cost":`...)
-	b = strconv.AppendInt(b, cost, 10)
+	b = strconv.AppendInt(b, r.cost, 10)
+	if r.settle {
+		b = append(b, `,"settle":true`...)
+	}
+	if r.reserveID != "" {
+		b = append(b, `,"reserve_id":`...)
+		b = jsonv.AppendString(b, r.reserveID, false)
+		if !r.settle && r.reserveTTL > 0 {
+			b = append(b, `,"reserve_ttl_ms":`...)
+			b = strconv.AppendInt(b, r.reserveTTL.Milliseconds(), 10)
+		}
+	}
 	return append(b, '}')
 }
 

@@ -22,9 +22,12 @@ import (
 type filterHost interface {
 	StartPlugin() types.OnPluginStartStatus
 	GetCriticalLogs() []string
+	GetErrorLogs() []string
+	GetWarnLogs() []string
 	InitializeHttpContext() uint32
 	CallOnRequestHeaders(contextID uint32, headers [][2]string, endOfStream bool) types.Action
 	CallOnResponseHeaders(contextID uint32, headers [][2]string, endOfStream bool) types.Action
+	CallOnResponseTrailers(contextID uint32, trailers [][2]string) types.Action
 	CompleteHttpContext(contextID uint32)
 	GetCalloutAttributesFromContext(contextID uint32) []proxytest.HttpCalloutAttribute
 	CallOnHttpCallResponse(calloutID uint32, headers, trailers [][2]string, body []byte)
@@ -184,6 +187,8 @@ func (w *wasmFilter) StartPlugin() types.OnPluginStartStatus {
 }
 
 func (w *wasmFilter) GetCriticalLogs() []string { return w.vm.Logs(wasmhost.LogCritical) }
+func (w *wasmFilter) GetErrorLogs() []string    { return w.vm.Logs(wasmhost.LogError) }
+func (w *wasmFilter) GetWarnLogs() []string     { return w.vm.Logs(wasmhost.LogWarn) }
 
 func (w *wasmFilter) InitializeHttpContext() uint32 {
 	w.t.Helper()
@@ -206,12 +211,24 @@ func (w *wasmFilter) CallOnResponseHeaders(id uint32, headers [][2]string, endOf
 	return types.Action(a)
 }
 
+func (w *wasmFilter) CallOnResponseTrailers(id uint32, trailers [][2]string) types.Action {
+	w.t.Helper()
+	a, err := w.vm.ResponseTrailers(id, trailers)
+	w.must(err)
+	return types.Action(a)
+}
+
 func (w *wasmFilter) CompleteHttpContext(id uint32) {
 	w.t.Helper()
 	w.must(w.vm.CompleteHttpContext(id))
 }
 
+// GetCalloutAttributesFromContext returns a stream's callouts, or, for
+// proxytest.PluginContextID, the plugin's (as proxytest files them).
 func (w *wasmFilter) GetCalloutAttributesFromContext(id uint32) []proxytest.HttpCalloutAttribute {
+	if id == proxytest.PluginContextID {
+		id = w.vm.RootID()
+	}
 	var out []proxytest.HttpCalloutAttribute
 	for _, c := range w.vm.Callouts(id) {
 		out = append(out, proxytest.HttpCalloutAttribute{CalloutID: c.ID, Upstream: c.Upstream, Headers: c.Headers, Trailers: c.Trailers, Body: c.Body})

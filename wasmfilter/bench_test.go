@@ -383,3 +383,54 @@ func TestLinearMemoryLevelsOff(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkSettledRequest costs, on the compiled module, a request that settles its
+// response's cost (headers → check callout → 200 → response headers with the cost →
+// done → tick → settlement callout → 200) beside the same request without a settle
+// block.
+func BenchmarkSettledRequest(b *testing.B) {
+	for _, tc := range []struct {
+		name, extra string
+	}{{"plain", ""}, {"settled", `"settle": {"cost_header": "x-tokens-used"}`}} {
+		b.Run(tc.name, func(b *testing.B) {
+			var last wasmhost.Callout // the newest callout, check or settlement
+			vm, err := filterRuntime(b).NewVM(context.Background(), wasmhost.Options{PluginConfig: []byte(cfg(tc.extra)),
+				OnHttpCall: func(c wasmhost.Callout) { last = c }})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer vm.Close(context.Background())
+			if ok, err := vm.StartPlugin(); !ok || err != nil {
+				b.Fatalf("StartPlugin: %v, %v", ok, err)
+			}
+			req := [][2]string{{":method", "POST"}, {":path", "/v1/chat"}, {":authority", "api.example.com"}, {"x-api-key", "k1"}}
+			resp := [][2]string{{":status", "200"}, {"x-tokens-used", "730"}}
+			ok := [][2]string{{":status", "200"}, {"content-type", "application/json"}}
+			settled := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				id, err := vm.NewHttpContext(nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				vm.RequestHeaders(id, req, true)
+				vm.RespondCallout(last.ID, ok, nil, benchAllowBody)
+				vm.ResponseHeaders(id, resp, false)
+				if err := vm.CompleteHttpContext(id); err != nil {
+					b.Fatal(err)
+				}
+				if tc.extra != "" {
+					check := last.ID
+					vm.Tick()
+					if last.ContextID != vm.RootID() {
+						b.Fatalf("request %d: the tick sent no settlement (last callout %d from context %d)", settled+1, check, last.ContextID)
+					}
+					settled++
+					if err := vm.RespondCallout(last.ID, ok, nil, []byte(`{"allowed":true,"remaining":0}`)); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}

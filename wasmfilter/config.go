@@ -37,6 +37,15 @@ const (
 	maxConfigBytes = 256 << 10
 	// maxLocalLimits bounds local_limits: every request is checked against each.
 	maxLocalLimits = 64
+
+	defaultSettleAttempts = 3
+	maxSettleAttempts     = 10
+	defaultSettleRetry    = 200 * time.Millisecond
+	maxSettleRetry        = time.Minute
+	defaultSettlePending  = 10000
+	maxSettlePending      = 1000000
+	// maxReserveTTL is the decision service's longest reserve_ttl_ms (an hour).
+	maxReserveTTL = time.Hour
 )
 
 // A source says where an attribute's value comes from.
@@ -114,6 +123,27 @@ type config struct {
 	maxDelay time.Duration
 	tick     time.Duration
 	maxHeld  int
+
+	// settle, when not nil, charges each response's cost after the fact.
+	settle *settleConfig
+}
+
+// A settleConfig says how the cost of a response, known only once the upstream has
+// answered (an LLM's tokens), is settled with the decision service after the stream.
+type settleConfig struct {
+	// costHeader and costTrailer name the response header and trailer that carry
+	// the cost (lower-case; at least one is set). The trailer wins when both come.
+	costHeader, costTrailer string
+	// estimate, when not 0, is reserved in the request phase (instead of cost) and
+	// the settlement gives back or charges the difference.
+	estimate int64
+	// reserveTTL is how long the service keeps a reservation (0: its default).
+	reserveTTL time.Duration
+	// maxAttempts bounds the callouts of one settlement; retry is the wait between.
+	maxAttempts int
+	retry       time.Duration
+	// maxPending bounds the settlements waiting or in flight per VM.
+	maxPending int
 }
 
 // A configError is an invalid plugin configuration; Field is the JSON path at fault.
@@ -140,8 +170,10 @@ var topLevelFields = []string{
 	"cluster", "authority", "path", "timeout_ms", "domain", "cost",
 	"attributes", "max_attribute_bytes", "oversize",
 	"failure_mode", "local_limits", "local_max_keys",
-	"deny_cache", "max_delay_ms", "tick_ms", "max_held_requests",
+	"deny_cache", "max_delay_ms", "tick_ms", "max_held_requests", "settle",
 }
+
+var settleFields = []string{"cost_header", "cost_trailer", "estimate", "reserve_ttl_ms", "max_attempts", "retry_ms", "max_pending"}
 
 // parseConfig parses and validates the plugin configuration, a JSON object. It returns
 // a *configError naming the first field at fault.
@@ -230,7 +262,68 @@ func parseConfig(data []byte) (*config, error) {
 		return nil, err
 	}
 	c.maxHeld = int(n)
+	if c.settle, err = parseSettle(root); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// parseSettle reads the optional settle block.
+func parseSettle(root jsonv.Value) (*settleConfig, error) {
+	v, ok := root.Get("settle")
+	if !ok {
+		return nil, nil
+	}
+	if v.Kind() != jsonv.Object {
+		return nil, &configError{"settle", `must be an object such as {"cost_header": "x-tokens-used"}`}
+	}
+	if err := knownFields(v, "settle.", settleFields); err != nil {
+		return nil, err
+	}
+	s := &settleConfig{}
+	var err error
+	for _, f := range []struct {
+		name string
+		dst  *string
+	}{{"cost_header", &s.costHeader}, {"cost_trailer", &s.costTrailer}} {
+		if *f.dst, err = str(v, f.name, "", false); err != nil {
+			return nil, prefixed("settle", err)
+		}
+		if *f.dst != "" && !headerToken(*f.dst) {
+			return nil, &configError{"settle." + f.name, strconv.Quote(*f.dst) + ` is not a header name; name the response's own, e.g. "x-tokens-used"`}
+		}
+		*f.dst = strings.ToLower(*f.dst)
+	}
+	if s.costHeader == "" && s.costTrailer == "" {
+		return nil, &configError{"settle.cost_header", `settle needs the cost's response header or trailer: set cost_header (e.g. "x-tokens-used") or cost_trailer, or both`}
+	}
+	if s.estimate, err = integer(v, "estimate", 0, 1, bounds.MaxCost); err != nil {
+		return nil, prefixed("settle", err)
+	}
+	if _, ok := v.Get("estimate"); ok {
+		if _, set := root.Get("cost"); set {
+			return nil, &configError{"settle.estimate", "is the request's cost when it reserves, so it replaces cost: remove cost, or remove estimate to check with cost and settle the whole response"}
+		}
+	}
+	if s.reserveTTL, err = millis(v, "reserve_ttl_ms", 0, time.Millisecond, maxReserveTTL); err != nil {
+		return nil, prefixed("settle", err)
+	}
+	if _, ok := v.Get("reserve_ttl_ms"); ok && s.estimate == 0 {
+		return nil, &configError{"settle.reserve_ttl_ms", "applies to a reservation: set estimate too, or remove reserve_ttl_ms"}
+	}
+	n, err := integer(v, "max_attempts", defaultSettleAttempts, 1, maxSettleAttempts)
+	if err != nil {
+		return nil, prefixed("settle", err)
+	}
+	s.maxAttempts = int(n)
+	if s.retry, err = millis(v, "retry_ms", defaultSettleRetry, time.Millisecond, maxSettleRetry); err != nil {
+		return nil, prefixed("settle", err)
+	}
+	if n, err = integer(v, "max_pending", defaultSettlePending, 1, maxSettlePending); err != nil {
+		return nil, prefixed("settle", err)
+	}
+	s.maxPending = int(n)
+	return s, nil
 }
 
 // jsonError describes a configuration that jsonv cannot read.
@@ -573,4 +666,16 @@ func validName(s string) bool {
 		}
 	}
 	return true
+}
+
+// headerToken reports whether s is an HTTP field name (RFC 9110's token), which rules
+// out pseudo-headers such as ":status".
+func headerToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return s != ""
 }

@@ -65,6 +65,61 @@ var invalidConfigs = []struct {
 	{"max_delay_ms", `{"cluster": "c", "domain": "d", "max_delay_ms": -1}`},
 	{"tick_ms", `{"cluster": "c", "domain": "d", "tick_ms": 5000}`},
 	{"max_held_requests", `{"cluster": "c", "domain": "d", "max_held_requests": 1000001}`},
+	{"settle", `{"cluster": "c", "domain": "d", "settle": "x-tokens-used"}`},
+	{"settle.cost_header", `{"cluster": "c", "domain": "d", "settle": {}}`},
+	{"settle.cost_header", `{"cluster": "c", "domain": "d", "settle": {"cost_header": ""}}`},
+	{"settle.cost_header", `{"cluster": "c", "domain": "d", "settle": {"cost_header": ":status"}}`},
+	{"settle.cost_header", `{"cluster": "c", "domain": "d", "settle": {"cost_header": "x tokens"}}`},
+	{"settle.cost_header", `{"cluster": "c", "domain": "d", "settle": {"cost_header": 7}}`},
+	{"settle.cost_trailer", `{"cluster": "c", "domain": "d", "settle": {"cost_trailer": "x-usage\n"}}`},
+	{"settle.cost_headers", `{"cluster": "c", "domain": "d", "settle": {"cost_headers": "x-tokens-used"}}`},
+	{"settle.cost_header: is set twice", `{"cluster": "c", "domain": "d", "settle": {"cost_header": "a", "cost_header": "b"}}`},
+	{"settle.estimate", `{"cluster": "c", "domain": "d", "settle": {"cost_header": "x", "estimate": 0}}`},
+	{"settle.estimate", `{"cluster": "c", "domain": "d", "settle": {"cost_header": "x", "estimate": 1048577}}`},
+	{"settle.estimate", `{"cluster": "c", "domain": "d", "cost": 1, "settle": {"cost_header": "x", "estimate": 500}}`},
+	{"settle.reserve_ttl_ms", `{"cluster": "c", "domain": "d", "settle": {"cost_header": "x", "reserve_ttl_ms": 1000}}`},
+	{"settle.reserve_ttl_ms", `{"cluster": "c", "domain": "d", "settle": {"cost_header": "x", "estimate": 5, "reserve_ttl_ms": 3600001}}`},
+	{"settle.max_attempts", `{"cluster": "c", "domain": "d", "settle": {"cost_header": "x", "max_attempts": 0}}`},
+	{"settle.max_attempts", `{"cluster": "c", "domain": "d", "settle": {"cost_header": "x", "max_attempts": 11}}`},
+	{"settle.retry_ms", `{"cluster": "c", "domain": "d", "settle": {"cost_header": "x", "retry_ms": 0}}`},
+	{"settle.retry_ms", `{"cluster": "c", "domain": "d", "settle": {"cost_header": "x", "retry_ms": "200ms"}}`},
+	{"settle.max_pending", `{"cluster": "c", "domain": "d", "settle": {"cost_header": "x", "max_pending": 0}}`},
+}
+
+// TestParseSettle reads the settle block: its defaults, every field, and errors that
+// say the fix.
+func TestParseSettle(t *testing.T) {
+	t.Parallel()
+	c, err := parseConfig([]byte(`{"cluster": "c", "domain": "d", "settle": {"cost_header": "X-Tokens-Used"}}`))
+	if err != nil {
+		t.Fatalf("parseConfig(settle) error: %v", err)
+	}
+	want := &settleConfig{costHeader: "x-tokens-used", maxAttempts: 3, retry: 200 * time.Millisecond, maxPending: 10000}
+	if !reflect.DeepEqual(c.settle, want) || c.cost != 1 {
+		t.Errorf("parseConfig(settle) = %+v, cost %d; want %+v, cost 1", c.settle, c.cost, want)
+	}
+	c, err = parseConfig([]byte(`{"cluster": "c", "domain": "d", "settle": {"cost_trailer": "x-usage", "estimate": 500,
+		"reserve_ttl_ms": 60000, "max_attempts": 5, "retry_ms": 50, "max_pending": 7}}`))
+	if err != nil {
+		t.Fatalf("parseConfig(settle, full) error: %v", err)
+	}
+	want = &settleConfig{costTrailer: "x-usage", estimate: 500, reserveTTL: time.Minute, maxAttempts: 5, retry: 50 * time.Millisecond, maxPending: 7}
+	if !reflect.DeepEqual(c.settle, want) {
+		t.Errorf("parseConfig(settle, full) = %+v, want %+v", c.settle, want)
+	}
+	if c, _ := parseConfig([]byte(`{"cluster": "c", "domain": "d"}`)); c.settle != nil {
+		t.Errorf("parseConfig(no settle).settle = %+v, want nil", c.settle)
+	}
+	for config, msg := range map[string]string{
+		`{"cluster": "c", "domain": "d", "settle": {}}`:                                             `invalid plugin configuration: settle.cost_header: settle needs the cost's response header or trailer: set cost_header (e.g. "x-tokens-used") or cost_trailer, or both`,
+		`{"cluster": "c", "domain": "d", "cost": 0, "settle": {"cost_header": "x", "estimate": 9}}`: `invalid plugin configuration: settle.estimate: is the request's cost when it reserves, so it replaces cost: remove cost, or remove estimate to check with cost and settle the whole response`,
+		`{"cluster": "c", "domain": "d", "settle": {"cost_header": ":status"}}`:                     `invalid plugin configuration: settle.cost_header: ":status" is not a header name; name the response's own, e.g. "x-tokens-used"`,
+		`{"cluster": "c", "domain": "d", "settle": {"cost_header": "x", "max_attempts": 11}}`:       `invalid plugin configuration: settle.max_attempts: must be from 1 to 10`,
+	} {
+		if _, err := parseConfig([]byte(config)); err == nil || err.Error() != msg {
+			t.Errorf("parseConfig(%s) error %v, want %s", config, err, msg)
+		}
+	}
 }
 
 func TestParseConfigRejects(t *testing.T) {
@@ -167,6 +222,12 @@ func FuzzParseConfig(f *testing.F) {
 		for _, l := range c.localLimits {
 			if err := l.meter.Validate(); err != nil {
 				t.Fatalf("accepted an invalid local limit: %v", err)
+			}
+		}
+		if s := c.settle; s != nil {
+			if s.costHeader == "" && s.costTrailer == "" || s.maxAttempts < 1 || s.retry <= 0 || s.maxPending < 1 ||
+				s.estimate < 0 || s.estimate > bounds.MaxCost || s.reserveTTL > 0 && s.estimate == 0 {
+				t.Fatalf("parseConfig accepted an unusable settle block %+v", s)
 			}
 		}
 	})

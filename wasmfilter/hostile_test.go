@@ -171,6 +171,7 @@ func FuzzPluginConfig(f *testing.F) {
 	f.Add([]byte(socketsConfig))
 	f.Add([]byte(`{"cluster": "c", "domain": "d", "attributes": ` + nested(63) + `}`))
 	f.Add([]byte(`{"cluster": "c", "domain": "d", "local_limits": ` + nested(1000) + `}`))
+	filterRuntime(f) // built before the first input: see FuzzSettleAnswer
 	f.Fuzz(func(t *testing.T, config []byte) {
 		var got [2]bool
 		for i, b := range backends {
@@ -223,6 +224,7 @@ func FuzzCalloutAnswer(f *testing.F) {
 	f.Add("200", "x-tollgate-delay-ms: 250\n", []byte(strings.Replace(allowBody, `"delay_ms":0`, `"delay_ms":250`, 1)))
 	f.Add("", "", []byte(nil))
 	config := cfg(`"failure_mode": "local", "local_limits": [{"name": "l", "key": ["api_key"], "algorithm": "gcra", "rate": "1/min"}]`)
+	filterRuntime(f) // built before the first input: see FuzzSettleAnswer
 	f.Fuzz(func(t *testing.T, status, headers string, body []byte) {
 		hs := parseHeaders(headers)
 		if status != "" {

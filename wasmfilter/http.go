@@ -39,6 +39,20 @@ type httpContext struct {
 	// headersDone is set once the response needs no more headers: they were added,
 	// or the filter sent a local reply (which passes OnHttpResponseHeaders too).
 	headersDone bool
+
+	// settle is what the stream settles at its end (with a settle block): plain
+	// once the request goes upstream, reserved once the service kept its
+	// reservation (reserveID), none once the filter answered it.
+	settle    settleKind
+	reserveID string
+	// cost is the response's cost, read from its header or trailer: costSeen when
+	// either came, costOK when it is a valid cost (costText as it came).
+	cost     int64
+	costText string
+	costSeen bool
+	costOK   bool
+	// responded is set once response headers came (the upstream's, or Envoy's own).
+	responded bool
 }
 
 func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) types.Action {
@@ -81,7 +95,15 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 		{"content-type", "application/json"},
 		{"accept", "application/json"},
 	}
-	body := checkBody(p.cfg.domain, attrs, p.cfg.cost)
+	check := checkRequest{domain: p.cfg.domain, attrs: attrs, cost: p.cfg.cost}
+	if s := p.cfg.settle; s != nil {
+		h.settle = settlePlain
+		if s.estimate > 0 {
+			h.reserveID = newReserveID(p.now(), h.contextID)
+			check.cost, check.reserveID, check.reserveTTL = s.estimate, h.reserveID, s.reserveTTL
+		}
+	}
+	body := check.body()
 	if len(body) > bounds.MaxBody {
 		// Only escaping can do this (a value of control characters is six times its
 		// length): the decision service would refuse it as a client error too.
@@ -131,6 +153,10 @@ func (h *httpContext) decide(numHeaders, bodySize int) types.Action {
 	switch {
 	case status == "200": // allowed: the request goes on, now or after the shaping delay
 		h.respHeaders = pick(headers, rateLimitHeaders)
+		if h.reserveID != "" && !answer.degraded {
+			// A degraded answer kept no reservation: the whole cost is settled.
+			h.settle = settleReserved
+		}
 		return h.admit(answer.delay, answer.rule)
 	case status == "429":
 		return h.denied(headers, answer)
@@ -253,6 +279,7 @@ func (h *httpContext) local() types.Action {
 // that must follow it. If the response cannot be sent the request goes on.
 func (h *httpContext) reply(status uint32, headers [][2]string, body []byte) types.Action {
 	h.headersDone = true
+	h.settle = settleNone
 	headers = append(headers, [2]string{"content-type", "application/json"})
 	if err := proxywasm.SendHttpResponse(status, headers, body, -1); err != nil {
 		proxywasm.LogErrorf("tollgate: send the local %d response: %v", status, err)
@@ -262,6 +289,10 @@ func (h *httpContext) reply(status uint32, headers [][2]string, body []byte) typ
 }
 
 func (h *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) types.Action {
+	h.responded = true
+	if s := h.settleConfig(); s != nil {
+		h.readCost(s.costHeader, proxywasm.GetHttpResponseHeader)
+	}
 	if h.headersDone {
 		return types.ActionContinue
 	}
@@ -274,8 +305,26 @@ func (h *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) ty
 	return types.ActionContinue
 }
 
+// OnHttpResponseTrailers reads the cost from the configured trailer.
+func (h *httpContext) OnHttpResponseTrailers(numTrailers int) types.Action {
+	if s := h.settleConfig(); s != nil {
+		h.readCost(s.costTrailer, proxywasm.GetHttpResponseTrailer)
+	}
+	return types.ActionContinue
+}
+
 func (h *httpContext) OnHttpStreamDone() {
 	h.plugin.release(h.contextID)
+	h.settleAtEnd()
+}
+
+// settleConfig returns the settle block, or nil without one (or without a
+// configuration).
+func (h *httpContext) settleConfig() *settleConfig {
+	if h.plugin.cfg == nil {
+		return nil
+	}
+	return h.plugin.cfg.settle
 }
 
 // refusalBody is the JSON body of a request the filter answers itself because it was

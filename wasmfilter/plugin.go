@@ -28,6 +28,11 @@ type metrics struct {
 	cacheHits       proxywasm.MetricCounter // 429 answers from the deny cache, without a callout
 	failureMode     proxywasm.MetricCounter // requests decided by the failure mode
 	rejected        proxywasm.MetricCounter // 400 answers for an oversize attribute
+	settled         proxywasm.MetricCounter // settlements the service took
+	settledUnits    proxywasm.MetricCounter // the costs those settlements settled
+	settleRetries   proxywasm.MetricCounter // settlement attempts that failed and were sent again
+	settleFailures  proxywasm.MetricCounter // settlements given up (each logged with its cost and attributes)
+	settleNoCost    proxywasm.MetricCounter // responses to settle that carried no valid cost
 }
 
 func defineMetrics() metrics {
@@ -40,6 +45,11 @@ func defineMetrics() metrics {
 		cacheHits:       proxywasm.DefineCounterMetric("tollgate.deny_cache_hits"),
 		failureMode:     proxywasm.DefineCounterMetric("tollgate.failure_mode_activations"),
 		rejected:        proxywasm.DefineCounterMetric("tollgate.rejected"),
+		settled:         proxywasm.DefineCounterMetric("tollgate.settled"),
+		settledUnits:    proxywasm.DefineCounterMetric("tollgate.settled_units"),
+		settleRetries:   proxywasm.DefineCounterMetric("tollgate.settle_retries"),
+		settleFailures:  proxywasm.DefineCounterMetric("tollgate.settle_failures"),
+		settleNoCost:    proxywasm.DefineCounterMetric("tollgate.settle_no_cost"),
 	}
 }
 
@@ -61,6 +71,9 @@ type pluginContext struct {
 	local   *localLimiter // nil without local limits
 	held    []heldRequest
 	ticking bool
+	// settles wait for their (next) attempt; settlesInFlight are dispatched.
+	settles         []*settlement
+	settlesInFlight int
 }
 
 func (p *pluginContext) OnPluginStart(pluginConfigurationSize int) types.OnPluginStartStatus {
@@ -98,13 +111,18 @@ func (p *pluginContext) hold(contextID uint32, due time.Time) bool {
 		return false
 	}
 	p.held = append(p.held, heldRequest{contextID, due})
+	p.startTick()
+	return true
+}
+
+// startTick starts the tick if it is not running.
+func (p *pluginContext) startTick() {
 	if !p.ticking {
 		if err := proxywasm.SetTickPeriodMilliSeconds(uint32(p.cfg.tick / time.Millisecond)); err != nil {
 			proxywasm.LogErrorf("tollgate: start the tick: %v", err)
 		}
 		p.ticking = true
 	}
-	return true
 }
 
 // release forgets a held request whose stream ended before it was resumed.
@@ -117,8 +135,8 @@ func (p *pluginContext) release(contextID uint32) {
 	}
 }
 
-// OnTick resumes the held requests that are due, and stops the tick when none is
-// left.
+// OnTick resumes the held requests that are due, sends the settlements that are
+// due, and stops the tick when neither is left.
 func (p *pluginContext) OnTick() {
 	now := p.now()
 	kept := p.held[:0]
@@ -137,7 +155,10 @@ func (p *pluginContext) OnTick() {
 	}
 	clear(p.held[len(kept):])
 	p.held = kept
-	if len(p.held) == 0 && p.ticking {
+	if len(p.settles) > 0 {
+		p.sendSettles(now)
+	}
+	if len(p.held) == 0 && len(p.settles) == 0 && p.ticking {
 		if err := proxywasm.SetTickPeriodMilliSeconds(0); err != nil {
 			proxywasm.LogErrorf("tollgate: stop the tick: %v", err)
 		}

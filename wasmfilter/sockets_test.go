@@ -215,3 +215,98 @@ func TestSocketsEndToEnd(t *testing.T) {
 		t.Errorf("tollgate.failure_mode_activations = %d, want 2", got)
 	}
 }
+
+// TestSocketsSettle runs the compiled filter with a settle block in wasmhost's proxy
+// over real sockets: the upstream reports each response's tokens in a header or, for
+// a streamed answer, a trailer; the filter settles them with the real decision
+// service on a real redis-server from its tick on the wall clock, and the tenant that
+// overshoots its 1000 tokens is denied.
+func TestSocketsSettle(t *testing.T) {
+	h, _ := decisionHandler(t, tokensPolicy)
+	service := &countingHandler{next: h}
+	decisionSrv := httptest.NewServer(service)
+	t.Cleanup(decisionSrv.Close)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tokens := r.URL.Query().Get("tokens")
+		if r.URL.Path == "/v1/stream" {
+			w.Header().Set("Trailer", "X-Usage-Total")
+			io.WriteString(w, "data: …\n\n")
+			w.Header().Set("X-Usage-Total", tokens)
+			return
+		}
+		w.Header().Set("X-Tokens-Used", tokens)
+		io.WriteString(w, "done")
+	}))
+	t.Cleanup(upstream.Close)
+	config := strings.Replace(cfg(`"tick_ms": 5, "settle": {"cost_header": "x-tokens-used", "cost_trailer": "x-usage-total"}`),
+		`"timeout_ms": 250`, `"timeout_ms": 2000`, 1)
+	proxy, err := wasmhost.NewProxy(context.Background(), filterRuntime(t), wasmhost.ProxyConfig{
+		VM:       wasmhost.Options{PluginConfig: []byte(config)},
+		Upstream: upstream.URL,
+		Clusters: map[string]string{"tollgate_decision": decisionSrv.URL},
+	})
+	if err != nil {
+		t.Fatalf("NewProxy: %v", err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	front := httptest.NewServer(proxy)
+	t.Cleanup(front.Close)
+
+	send := func(path string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, front.URL+path, nil)
+		req.Header.Set("X-Api-Key", "tenant-1")
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err := proxy.Err(); err != nil {
+			t.Fatalf("GET %s: the VM failed: %v", path, err)
+		}
+		return resp
+	}
+	settled := func(want uint64) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			n, err := proxy.VM().Metric("tollgate.settled")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("tollgate.settled = %d after 10 s, want %d", n, want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+
+	if resp := send("/v1/chat?tokens=300"); resp.StatusCode != 200 || resp.Header.Get("X-Tokens-Used") != "300" {
+		t.Fatalf("first request: %d, X-Tokens-Used %q; want 200 from the upstream", resp.StatusCode, resp.Header.Get("X-Tokens-Used"))
+	}
+	settled(1)
+	if resp := send("/v1/stream?tokens=500"); resp.StatusCode != 200 || resp.Trailer.Get("X-Usage-Total") != "500" {
+		t.Fatalf("streamed request: %d, trailer X-Usage-Total %q; want 200 with the trailer (headers %v, trailers %v)", resp.StatusCode, resp.Trailer.Get("X-Usage-Total"), resp.Header, resp.Trailer)
+	}
+	settled(2)
+	// 1 + 300 + 1 + 500 + this check's 1 = 803 of 1000.
+	if resp := send("/v1/chat?tokens=250"); resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Remaining") != "197" {
+		t.Fatalf("third request: %d, X-RateLimit-Remaining %q; want 200 and 197", resp.StatusCode, resp.Header.Get("X-RateLimit-Remaining"))
+	}
+	settled(3)
+	// 1053 of 1000: in debt, denied.
+	if resp := send("/v1/chat?tokens=1"); resp.StatusCode != 429 {
+		t.Fatalf("after the overshoot: %d, want 429", resp.StatusCode)
+	}
+	if units, _ := proxy.VM().Metric("tollgate.settled_units"); units != 1050 {
+		t.Errorf("tollgate.settled_units = %d, want 1050", units)
+	}
+	// 4 checks and 3 settlements reached the service.
+	if got := service.n.Load(); got != 7 {
+		t.Errorf("the decision service served %d requests, want 7", got)
+	}
+}

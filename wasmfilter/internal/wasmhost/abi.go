@@ -231,7 +231,9 @@ func (vm *VM) headerMap(mapType uint32) (*[][2]string, status) {
 		return &st.requestHeaders, statusOK
 	case mapResponseHeaders:
 		return &st.responseHeaders, statusOK
-	case mapRequestTrailers, mapResponseTrailers:
+	case mapResponseTrailers:
+		return &st.responseTrailers, statusOK
+	case mapRequestTrailers:
 		var none [][2]string
 		return &none, statusOK
 	}
@@ -435,6 +437,8 @@ func proxyHttpCall(vm *VM, m api.Module, s []uint64) status {
 	vm.pending[id] = c
 	if st, ok := vm.streams[vm.current]; ok {
 		st.callouts = append(st.callouts, c)
+	} else if vm.current == vm.rootID {
+		vm.rootCallouts = append(vm.rootCallouts, c)
 	}
 	if vm.opts.OnHttpCall != nil {
 		vm.opts.OnHttpCall(c)

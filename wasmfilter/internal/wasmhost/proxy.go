@@ -306,8 +306,29 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, id uint32) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
+	// Trailers the upstream declares are declared to the client, so that the
+	// response is chunked and can carry them.
+	for name := range resp.Trailer {
+		w.Header().Add("Trailer", name)
+	}
 	writeHeaders(w, p.vm.ResponseHeadersOf(id), resp.StatusCode)
 	io.Copy(w, resp.Body)
+	// The trailers, known once the body is read, go through the plugin too.
+	if len(resp.Trailer) > 0 {
+		var ts [][2]string
+		for name, values := range resp.Trailer {
+			for _, v := range values {
+				ts = append(ts, [2]string{strings.ToLower(name), v})
+			}
+		}
+		if _, err := p.vm.ResponseTrailers(id, ts); err != nil {
+			p.fail(err)
+			return
+		}
+		for _, t := range ts {
+			w.Header().Add(http.TrailerPrefix+t[0], t[1])
+		}
+	}
 }
 
 // copyHeaders sets the regular (not pseudo) headers of hs on req.

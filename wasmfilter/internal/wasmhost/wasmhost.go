@@ -196,12 +196,13 @@ type LocalResponse struct {
 }
 
 type stream struct {
-	requestHeaders  [][2]string
-	responseHeaders [][2]string
-	properties      map[string][]byte
-	action          Action
-	local           *LocalResponse
-	callouts        []Callout
+	requestHeaders   [][2]string
+	responseHeaders  [][2]string
+	responseTrailers [][2]string
+	properties       map[string][]byte
+	action           Action
+	local            *LocalResponse
+	callouts         []Callout
 }
 
 type metric struct {
@@ -231,12 +232,15 @@ type VM struct {
 
 	streams map[uint32]*stream
 	pending map[uint32]Callout // callouts not answered yet, by ID
-	answer  *calloutAnswer
-	metrics []metric // metric ID i+1
-	tick    uint32
-	logs    [][]string // by level
-	shared  *SharedData
-	malloc  api.Function
+	// rootCallouts are the callouts dispatched with the root context effective
+	// (from a tick, or from the answer of another such callout).
+	rootCallouts []Callout
+	answer       *calloutAnswer
+	metrics      []metric // metric ID i+1
+	tick         uint32
+	logs         [][]string // by level
+	shared       *SharedData
+	malloc       api.Function
 	// exports caches the exports called: wazero makes a new call engine, with its
 	// own stack, for each ExportedFunction.
 	exports map[string]api.Function
@@ -400,6 +404,24 @@ func (vm *VM) ResponseHeaders(id uint32, headers [][2]string, endOfStream bool) 
 	return s.action, err
 }
 
+// ResponseTrailers delivers a stream's response trailers (proxy_on_response_trailers).
+func (vm *VM) ResponseTrailers(id uint32, trailers [][2]string) (Action, error) {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	s, err := vm.stream(id)
+	if err != nil {
+		return 0, err
+	}
+	s.responseTrailers = slices.Clone(trailers)
+	a, err := vm.call(id, "proxy_on_response_trailers", uint64(id), uint64(len(trailers)))
+	s.action = Action(a)
+	return s.action, err
+}
+
+// RootID is the root (plugin) context's id: Callouts(RootID()) are the callouts the
+// plugin dispatched outside any stream.
+func (vm *VM) RootID() uint32 { return vm.rootID }
+
 // CompleteHttpContext ends a stream as Envoy does: proxy_on_done, proxy_on_log,
 // proxy_on_delete.
 func (vm *VM) CompleteHttpContext(id uint32) error {
@@ -448,10 +470,14 @@ func (vm *VM) TickPeriod() uint32 {
 	return vm.tick
 }
 
-// Callouts returns the callouts a stream dispatched, answered or not.
+// Callouts returns the callouts a stream (or the root context, RootID) dispatched,
+// answered or not.
 func (vm *VM) Callouts(id uint32) []Callout {
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
+	if id == vm.rootID {
+		return slices.Clone(vm.rootCallouts)
+	}
 	if s, ok := vm.streams[id]; ok {
 		return slices.Clone(s.callouts)
 	}
