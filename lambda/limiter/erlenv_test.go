@@ -158,6 +158,40 @@ func TestLoadConfigERL(t *testing.T) {
 	}
 }
 
+// TestLoadConfigEnvoyGateway gives loadConfig the environment Envoy Gateway sets
+// on its own rate limit Deployment, which is configured over xDS: tollgate refuses
+// it, naming CONFIG_TYPE, rather than failing on the TLS files that Deployment
+// mounts or starting with no configuration.
+func TestLoadConfigEnvoyGateway(t *testing.T) {
+	t.Parallel()
+	eg := map[string]string{
+		"RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit", "RUNTIME_IGNOREDOTFILES": "true", "RUNTIME_WATCH_ROOT": "false",
+		"LOG_LEVEL": "info", "USE_STATSD": "false",
+		"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_NODE_ID": "envoy-ratelimit", "CONFIG_GRPC_XDS_SERVER_URL": "envoy-gateway:18001",
+		"CONFIG_GRPC_XDS_SERVER_USE_TLS": "true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT": "/certs/tls.crt",
+		"CONFIG_GRPC_XDS_CLIENT_TLS_KEY": "/certs/tls.key", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": "/certs/ca.crt",
+		"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "/certs/tls.crt", "GRPC_SERVER_TLS_KEY": "/certs/tls.key",
+		"GRPC_CLIENT_TLS_CACERT": "/certs/ca.crt",
+		"REDIS_SOCKET_TYPE":      "tcp", "REDIS_URL": "redis.redis-system.svc.cluster.local:6379",
+		"USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": ":19001", "PROMETHEUS_PATH": "/metrics",
+		"FORCE_START_WITHOUT_INITIAL_CONFIG": "true",
+	}
+	_, err := loadConfig(env(eg), nil)
+	if err == nil {
+		t.Fatal("loadConfig(Envoy Gateway's environment) = nil error, want CONFIG_TYPE refused")
+	}
+	for _, want := range []string{"CONFIG_TYPE=GRPC_XDS_SOTW", "files only", "CONFIG_TYPE=FILE"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("loadConfig(Envoy Gateway's environment) = %v, want it to say %q", err, want)
+		}
+	}
+	// The same environment reading its configuration from files gets past CONFIG_TYPE.
+	eg["CONFIG_TYPE"] = "FILE"
+	if _, err := loadConfig(env(eg), nil); err != nil && strings.Contains(err.Error(), "CONFIG_TYPE") {
+		t.Errorf("with CONFIG_TYPE=FILE, loadConfig() = %v, still about CONFIG_TYPE", err)
+	}
+}
+
 // erlTestdata returns ERL's integration configuration file name, from shared/erl.
 func erlTestdata(t *testing.T, name string) string {
 	t.Helper()
