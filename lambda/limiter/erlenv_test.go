@@ -23,7 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/tollgate-dev/tollgate/shared/configmaptest"
+	"github.com/tollgate-dev/tollgate/internal/configmaptest"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 	"github.com/tollgate-dev/tollgate/shared/reload"
 )

@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/tollgate-dev/tollgate/shared/configmaptest"
+	"github.com/tollgate-dev/tollgate/internal/configmaptest"
 	"github.com/tollgate-dev/tollgate/shared/reload"
 )
 
