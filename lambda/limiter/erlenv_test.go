@@ -126,6 +126,16 @@ func TestLoadConfigERL(t *testing.T) {
 		if c, _ := loadConfig(env(erlBase(map[string]string{"REDIS_POOL_SIZE": "7"})), []string{"--redis", "redis://r:1"}); c.RedisERL.PoolSize != 0 {
 			t.Errorf("with --redis, REDIS_POOL_SIZE still applies (%d): ERL's settings describe its REDIS_URL only", c.RedisERL.PoolSize)
 		}
+		// Nor are they checked: --redis wins over a REDIS_URL whose companions are wrong.
+		for _, bad := range []map[string]string{{"REDIS_SOCKET_TYPE": "udp"}, {"REDIS_TYPE": "replicated"}, {"REDIS_POOL_SIZE": "0"}, {"REDIS_TIMEOUT": "soon"}} {
+			c, err := loadConfig(env(erlBase(bad)), []string{"--redis", "redis://r:1"})
+			if err != nil || c.RedisURL != "redis://r:1" {
+				t.Errorf("with --redis and %v, loadConfig() = %q, %v; want --redis's URL, no error", bad, c.RedisURL, err)
+			}
+			if _, err := loadConfig(env(erlBase(bad)), nil); err == nil {
+				t.Errorf("without --redis, %v loads; want an error", bad)
+			}
+		}
 	})
 
 	for _, bad := range []struct {
