@@ -157,7 +157,9 @@ type objects struct {
 
 // decodeManifest splits a rendered release into its objects and decodes each
 // strictly (a field the type does not have, or a key given twice, is an error) into
-// the k8s.io/api type of its apiVersion and kind. A kind the tests do not know is an
+// the k8s.io/api type of its apiVersion and kind, or, for the Prometheus Operator's
+// ServiceMonitor, which k8s.io/api does not have, into serviceMonitor, a struct
+// written here with the fields the chart sets. A kind the tests do not know is an
 // error too, so that nothing the chart renders goes unchecked.
 func decodeManifest(manifest string) (objects, error) {
 	var out objects
@@ -491,17 +493,6 @@ func TestStrictDecodeRejectsTypos(t *testing.T) {
 			}
 		}
 	})
-	t.Run("Envoy Gateway BackendTrafficPolicy", func(t *testing.T) {
-		b := readFile(t, "examples/envoy-gateway/backendtrafficpolicy.yaml")
-		var ok backendTrafficPolicy
-		if err := unmarshalStrict(b, &ok); err != nil {
-			t.Fatalf("the correct example does not decode: %v", err)
-		}
-		var bad backendTrafficPolicy
-		if err := unmarshalStrict(bytes.Replace(b, []byte("clientSelectors:"), []byte("clientSelector:"), 1), &bad); err == nil {
-			t.Error("BackendTrafficPolicy with clientSelector decodes, want an error")
-		}
-	})
 }
 
 func readFile(t *testing.T, path string) []byte {
@@ -537,8 +528,8 @@ func stripComments(b []byte) []byte {
 
 // TestExamples decodes every example strictly: the Istio EnvoyFilters into
 // istio.io/api's EnvoyFilter and each patch into the Envoy type it patches, the
-// ConfigMap into core/v1, Envoy Gateway's policy and chart values into their
-// fields; and checks that they point at the chart's Service as rendered.
+// ConfigMap into core/v1; and checks that they point at the chart's Service as
+// rendered.
 func TestExamples(t *testing.T) {
 	objs, err := decodeManifest(render(t, readValues(t, "examples/istio/values.yaml")))
 	if err != nil {
@@ -594,40 +585,6 @@ func TestExamples(t *testing.T) {
 		}
 	})
 
-	t.Run("envoy gateway", func(t *testing.T) {
-		var p backendTrafficPolicy
-		if err := unmarshalStrict(readFile(t, "examples/envoy-gateway/backendtrafficpolicy.yaml"), &p); err != nil {
-			t.Fatalf("backendtrafficpolicy.yaml: %v", err)
-		}
-		if p.APIVersion != "gateway.envoyproxy.io/v1alpha1" || p.Kind != "BackendTrafficPolicy" || len(p.Spec.RateLimit.Global.Rules) == 0 {
-			t.Errorf("backendtrafficpolicy.yaml = %s %s with %d global rules", p.APIVersion, p.Kind, len(p.Spec.RateLimit.Global.Rules))
-		}
-		for i, r := range p.Spec.RateLimit.Global.Rules {
-			if !slices.Contains([]string{"Second", "Minute", "Hour", "Day", "Month", "Year"}, r.Limit.Unit) || r.Limit.Requests == 0 {
-				t.Errorf("rule %d: limit %+v, want requests > 0 per Second, Minute, Hour, Day, Month or Year", i, r.Limit)
-			}
-		}
-		var v gatewayHelmValues
-		if err := unmarshalStrict(readFile(t, "examples/envoy-gateway/gateway-helm-values.yaml"), &v); err != nil {
-			t.Fatalf("gateway-helm-values.yaml: %v", err)
-		}
-		eg := v.Config.EnvoyGateway
-		img := eg.Provider.Kubernetes.RateLimitDeployment.Container.Image
-		var chartVals struct {
-			Image struct {
-				Repository string `json:"repository"`
-			} `json:"image"`
-		}
-		if err := yaml.Unmarshal(readFile(t, chartDir+"/values.yaml"), &chartVals); err != nil {
-			t.Fatal(err)
-		}
-		if !strings.HasPrefix(img, chartVals.Image.Repository+":") {
-			t.Errorf("rate limit image = %q, want the chart's %s", img, chartVals.Image.Repository)
-		}
-		if eg.RateLimit.Backend.Type != "Redis" || eg.RateLimit.Backend.Redis.URL == "" || eg.Provider.Type != "Kubernetes" {
-			t.Errorf("EnvoyGateway = %+v, want a Kubernetes provider and a Redis rate limit backend", eg)
-		}
-	})
 }
 
 // backendTrafficPolicy is the part of Envoy Gateway's BackendTrafficPolicy
@@ -686,38 +643,6 @@ type rateLimitCostSpecifier struct {
 		Namespace string `json:"namespace"`
 		Key       string `json:"key"`
 	} `json:"metadata,omitempty"`
-}
-
-// gatewayHelmValues is the part of Envoy Gateway's chart values (config.envoyGateway
-// is its EnvoyGateway configuration) the example sets.
-type gatewayHelmValues struct {
-	Config struct {
-		EnvoyGateway struct {
-			Gateway struct {
-				ControllerName string `json:"controllerName"`
-			} `json:"gateway"`
-			Provider struct {
-				Type       string `json:"type"`
-				Kubernetes struct {
-					RateLimitDeployment struct {
-						Replicas  *int32 `json:"replicas,omitempty"`
-						Container struct {
-							Image     string                      `json:"image"`
-							Resources corev1.ResourceRequirements `json:"resources"`
-						} `json:"container"`
-					} `json:"rateLimitDeployment"`
-				} `json:"kubernetes"`
-			} `json:"provider"`
-			RateLimit struct {
-				Backend struct {
-					Type  string `json:"type"`
-					Redis struct {
-						URL string `json:"url"`
-					} `json:"redis"`
-				} `json:"backend"`
-			} `json:"rateLimit"`
-		} `json:"envoyGateway"`
-	} `json:"config"`
 }
 
 // checkEnvoyFilters decodes every EnvoyFilter of a file: its object strictly, its

@@ -60,10 +60,12 @@ func parseERLDir(doc []byte, merge bool) (erlSet, error) {
 }
 
 // erlDomains serves the domains of an ERL configuration directory over gRPC and
-// POST /json, and applies its reloads: a domain kept keeps its engine (and the state
-// of the limits it keeps), a new one gets an engine, a removed one is no longer
-// served. The set of domains changes at once, between two requests. One rls.Server
-// serves every set, so that its settings and its metric last across reloads.
+// POST /json, and applies its reloads. Each set gets engines of its own, built before
+// it serves: the set of domains, each domain's limits and its translation of
+// descriptors change together, at once, between two requests. The limits' state is
+// in the store, keyed by what the limit is, so a domain that stays keeps the counts
+// of the limits that stay. One rls.Server serves every set, so that its settings and
+// its metric last across reloads.
 type erlDomains struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	store engine.Store
@@ -90,47 +92,42 @@ func newERLDomains(store engine.Store, hooks engine.Hooks, log *slog.Logger, con
 	return &erlDomains{store: store, hooks: hooks, log: log, rls: srv, json: srv.JSONHandler()}
 }
 
-// apply makes set the domains served from the next request on.
+// apply makes set the domains served from the next request on, all at once: new
+// engines for every domain of set, swapped in with their translations by one
+// rls.SetDomains. An error leaves the running set as it is. The engines of the
+// previous set then give back the units their leases hold; a request already
+// deciding on one of them may still take a lease, whose units then stay charged
+// until its window ends.
 func (d *erlDomains) apply(set erlSet) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	engines := map[string]*engine.Engine{}
 	serve := map[string]rls.Domain{}
-	// New engines first: an error leaves the running set as it is.
 	for name, dom := range set.domains {
 		if d.own != nil && name == d.ownDomain {
 			d.log.Warn("envoyproxy/ratelimit domain decided by the policy instead", "domain", name)
 			continue
 		}
-		eng, ok := d.engines[name]
-		if !ok {
-			var err error
-			if eng, err = engine.New(engine.Config{Policy: dom.policy, Store: d.store, Logger: d.log, Hooks: d.hooks}); err != nil {
-				return fmt.Errorf("domain %q: %w", name, err)
+		eng, err := engine.New(engine.Config{Policy: dom.policy, Store: d.store, Logger: d.log, Hooks: d.hooks, KeepStoreBreakers: true})
+		if err != nil {
+			return fmt.Errorf("domain %q: %w", name, err)
+		}
+		if old, ok := d.engines[name]; ok {
+			if fresh := policy.Fresh(old.Policy(), dom.policy); len(fresh) > 0 {
+				d.log.Info("the new configuration starts these limits afresh: their algorithm, period or key changed, so their state does not carry over", "domain", name, "limits", fresh)
 			}
 		}
 		engines[name] = eng
-	}
-	for name, dom := range set.domains {
-		if eng, ok := engines[name]; ok {
-			if _, kept := d.engines[name]; kept {
-				if err := eng.SetPolicy(dom.policy); err != nil {
-					return err // engine.SetPolicy fails only on a nil policy
-				}
-			}
-			serve[name] = rls.ERLDomain(dom.tr, eng)
-		}
+		serve[name] = rls.ERLDomain(dom.tr, eng)
 	}
 	if d.own != nil {
 		serve[d.ownDomain] = rls.Domain{Engine: d.own}
 	}
-	for name, eng := range d.engines {
-		if _, kept := engines[name]; !kept {
-			// Give back what its leases hold, so the units serve elsewhere at once.
-			go eng.EndLeases(context.Background())
-		}
-	}
 	d.rls.SetDomains(serve)
+	for _, eng := range d.engines {
+		// Give back what its leases hold, so the units serve the new set at once.
+		go eng.EndLeases(context.Background())
+	}
 	d.engines, d.last = engines, set
 	d.served.Store(int64(len(engines)))
 	names := slices.Sorted(maps.Keys(set.domains))

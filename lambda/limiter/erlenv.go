@@ -158,6 +158,12 @@ func readERL(getenv func(string) string) (erlEnv, error) {
 	if !e.On {
 		return e, nil
 	}
+	// Checked first, so that it is the error reported: a deployment configured over
+	// xDS (Envoy Gateway's own rate limit Deployment) sets other variables tollgate
+	// would refuse for a less telling reason, such as the certificates it mounts.
+	if v := r.str("CONFIG_TYPE"); !strings.EqualFold(v, "FILE") {
+		r.fail("CONFIG_TYPE=%s: tollgate reads envoyproxy/ratelimit's configuration from files only and has no xDS client, so a rate limit Deployment configured over xDS (such as Envoy Gateway's own) cannot run it; mount the configuration as a directory (RUNTIME_ROOT) and set CONFIG_TYPE=FILE, or install tollgate's Helm chart and point Envoy at it", v)
+	}
 	root, sub, app := r.str("RUNTIME_ROOT"), r.str("RUNTIME_SUBDIRECTORY"), r.str("RUNTIME_APPDIRECTORY")
 	// ERL's runtime loader reads nothing when the directory it is given and its
 	// subdirectory are not both named: RUNTIME_ROOT and RUNTIME_SUBDIRECTORY when it
@@ -207,9 +213,6 @@ func readERL(getenv func(string) string) (erlEnv, error) {
 	}
 
 	// What tollgate cannot serve the same way.
-	if v := r.str("CONFIG_TYPE"); !strings.EqualFold(v, "FILE") {
-		r.fail("CONFIG_TYPE=%s: tollgate reads envoyproxy/ratelimit's configuration from files only; mount it as a directory (RUNTIME_ROOT) and set CONFIG_TYPE=FILE", v)
-	}
 	if v := r.str("BACKEND_TYPE"); !strings.EqualFold(v, "redis") {
 		r.fail("BACKEND_TYPE=%s: tollgate decides on Redis only (its scripts decide every limit of a request at once); point REDIS_URL at a Redis and set BACKEND_TYPE=redis", v)
 	}

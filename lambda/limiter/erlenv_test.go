@@ -23,7 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/tollgate-dev/tollgate/shared/configmaptest"
+	"github.com/tollgate-dev/tollgate/internal/configmaptest"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 	"github.com/tollgate-dev/tollgate/shared/reload"
 )
@@ -126,6 +126,16 @@ func TestLoadConfigERL(t *testing.T) {
 		if c, _ := loadConfig(env(erlBase(map[string]string{"REDIS_POOL_SIZE": "7"})), []string{"--redis", "redis://r:1"}); c.RedisERL.PoolSize != 0 {
 			t.Errorf("with --redis, REDIS_POOL_SIZE still applies (%d): ERL's settings describe its REDIS_URL only", c.RedisERL.PoolSize)
 		}
+		// Nor are they checked: --redis wins over a REDIS_URL whose companions are wrong.
+		for _, bad := range []map[string]string{{"REDIS_SOCKET_TYPE": "udp"}, {"REDIS_TYPE": "replicated"}, {"REDIS_POOL_SIZE": "0"}, {"REDIS_TIMEOUT": "soon"}} {
+			c, err := loadConfig(env(erlBase(bad)), []string{"--redis", "redis://r:1"})
+			if err != nil || c.RedisURL != "redis://r:1" {
+				t.Errorf("with --redis and %v, loadConfig() = %q, %v; want --redis's URL, no error", bad, c.RedisURL, err)
+			}
+			if _, err := loadConfig(env(erlBase(bad)), nil); err == nil {
+				t.Errorf("without --redis, %v loads; want an error", bad)
+			}
+		}
 	})
 
 	for _, bad := range []struct {
@@ -155,6 +165,40 @@ func TestLoadConfigERL(t *testing.T) {
 		if _, err := loadConfig(env(bad.env), nil); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("%s: loadConfig() = %v, want an error naming %q", bad.name, err, bad.want)
 		}
+	}
+}
+
+// TestLoadConfigEnvoyGateway gives loadConfig the environment Envoy Gateway sets
+// on its own rate limit Deployment, which is configured over xDS: tollgate refuses
+// it, naming CONFIG_TYPE, rather than failing on the TLS files that Deployment
+// mounts or starting with no configuration.
+func TestLoadConfigEnvoyGateway(t *testing.T) {
+	t.Parallel()
+	eg := map[string]string{
+		"RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit", "RUNTIME_IGNOREDOTFILES": "true", "RUNTIME_WATCH_ROOT": "false",
+		"LOG_LEVEL": "info", "USE_STATSD": "false",
+		"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_NODE_ID": "envoy-ratelimit", "CONFIG_GRPC_XDS_SERVER_URL": "envoy-gateway:18001",
+		"CONFIG_GRPC_XDS_SERVER_USE_TLS": "true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT": "/certs/tls.crt",
+		"CONFIG_GRPC_XDS_CLIENT_TLS_KEY": "/certs/tls.key", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": "/certs/ca.crt",
+		"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "/certs/tls.crt", "GRPC_SERVER_TLS_KEY": "/certs/tls.key",
+		"GRPC_CLIENT_TLS_CACERT": "/certs/ca.crt",
+		"REDIS_SOCKET_TYPE":      "tcp", "REDIS_URL": "redis.redis-system.svc.cluster.local:6379",
+		"USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": ":19001", "PROMETHEUS_PATH": "/metrics",
+		"FORCE_START_WITHOUT_INITIAL_CONFIG": "true",
+	}
+	_, err := loadConfig(env(eg), nil)
+	if err == nil {
+		t.Fatal("loadConfig(Envoy Gateway's environment) = nil error, want CONFIG_TYPE refused")
+	}
+	for _, want := range []string{"CONFIG_TYPE=GRPC_XDS_SOTW", "files only", "CONFIG_TYPE=FILE"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("loadConfig(Envoy Gateway's environment) = %v, want it to say %q", err, want)
+		}
+	}
+	// The same environment reading its configuration from files gets past CONFIG_TYPE.
+	eg["CONFIG_TYPE"] = "FILE"
+	if _, err := loadConfig(env(eg), nil); err != nil && strings.Contains(err.Error(), "CONFIG_TYPE") {
+		t.Errorf("with CONFIG_TYPE=FILE, loadConfig() = %v, still about CONFIG_TYPE", err)
 	}
 }
 

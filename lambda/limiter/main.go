@@ -228,16 +228,6 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 		}
 		c.RedisCluster = b
 	}
-	// REDIS_URL in envoyproxy/ratelimit's form (no scheme), or unset in its
-	// environment: its other Redis settings say what it is.
-	if (c.RedisURL != "" && !strings.Contains(c.RedisURL, "://")) || (c.RedisURL == "" && e.On) {
-		if c.RedisERL, err = erlRedis(getenv); err != nil {
-			return c, err
-		}
-		if c.RedisURL, c.RedisCluster, err = erlRedisURL(getenv); err != nil {
-			return c, err
-		}
-	}
 	auth, err := awsredis.AuthFromEnv(getenv)
 	if err != nil {
 		return c, err
@@ -256,6 +246,7 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 		return c, usageError{fmt.Errorf("unexpected argument %q: the service takes only flags; the commands are policy and help", fs.Arg(0))}
 	}
 	// A policy named by a flag wins over one named in the environment.
+	var redisFlag, clusterFlag bool
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "policy":
@@ -265,7 +256,9 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 		case "policy-ssm":
 			c.PolicyPath, c.PolicyJSON = "", ""
 		case "redis":
-			c.RedisERL = redisstore.Config{} // ERL's settings describe its REDIS_URL, not this one
+			redisFlag = true
+		case "redis-cluster":
+			clusterFlag = true
 		case "batch-wait":
 			if !validBatchWait(c.BatchWait) {
 				err = fmt.Errorf("--batch-wait (TOLLGATE_BATCH_WAIT) = %v: want a duration from 1us to 1s, such as 300us (leave it unset for the default, %v)", c.BatchWait, redisstore.DefaultBatchWait)
@@ -274,6 +267,22 @@ func loadConfig(getenv func(string) string, args []string) (config, error) {
 	})
 	if err != nil {
 		return c, err
+	}
+	// REDIS_URL in envoyproxy/ratelimit's form (no scheme), or unset in its
+	// environment: its other Redis settings say what it is. They describe that
+	// REDIS_URL only, so --redis leaves them unread (and unchecked).
+	if !redisFlag && ((c.RedisURL != "" && !strings.Contains(c.RedisURL, "://")) || (c.RedisURL == "" && e.On)) {
+		if c.RedisERL, err = erlRedis(getenv); err != nil {
+			return c, err
+		}
+		url, cluster, err := erlRedisURL(getenv)
+		if err != nil {
+			return c, err
+		}
+		c.RedisURL = url
+		if !clusterFlag {
+			c.RedisCluster = cluster
+		}
 	}
 	if c.Auth.Mode() != awsredis.ModeNone && c.RedisURL == "" {
 		return c, fmt.Errorf("ElastiCache authentication is configured (%s) but REDIS_URL is empty; set REDIS_URL=rediss://host:6379", c.Auth.Mode())

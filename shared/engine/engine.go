@@ -252,6 +252,11 @@ type Config struct {
 	// Reservations keeps the records of reservations (Reserve). Default: Store, if
 	// it is a Reservations, or the in-process store.
 	Reservations Reservations
+	// KeepStoreBreakers leaves a NodeStore's circuit breakers as they are, for an
+	// engine that shares its store with another whose policy sets them (the
+	// engines of envoyproxy/ratelimit domains beside the service's policy). By
+	// default New gives the store breakers with Policy's settings.
+	KeepStoreBreakers bool
 }
 
 // Engine decides requests. It is safe for simultaneous use.
@@ -267,6 +272,7 @@ type Engine struct {
 	refunder Refunder // nil: leases give nothing back
 	// reservations keeps the reservations' records
 	reservations Reservations
+	keepBreakers bool // Config.KeepStoreBreakers
 }
 
 // current is the policy an engine decides with and what is derived from it. SetPolicy
@@ -322,6 +328,7 @@ func New(cfg Config) (*Engine, error) {
 		e.refunder = e.local
 	}
 	e.reservations = cfg.Reservations
+	e.keepBreakers = cfg.KeepStoreBreakers
 	if r, ok := cfg.Store.(Reservations); ok && e.reservations == nil {
 		e.reservations = r
 	}
@@ -334,7 +341,9 @@ func New(cfg Config) (*Engine, error) {
 	case nil:
 	case NodeStore:
 		e.nodes = s
-		s.UseBreakers(st)
+		if !cfg.KeepStoreBreakers {
+			s.UseBreakers(st)
+		}
 	default:
 		e.breaker = breaker.New(storeNode, st)
 		st.OnChange(storeNode, breaker.Closed, breaker.Closed)
@@ -385,7 +394,7 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 		// The old policy's leases serve no more requests: give back their units.
 		go e.returnLeases(context.Background(), old, true)
 	}
-	if old.pol.Failure.Breaker != p.Failure.Breaker && e.nodes != nil {
+	if old.pol.Failure.Breaker != p.Failure.Breaker && e.nodes != nil && !e.keepBreakers {
 		e.nodes.UseBreakers(e.breakerSettings(p.Failure.Breaker))
 	}
 	return nil

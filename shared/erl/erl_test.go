@@ -305,3 +305,31 @@ descriptors:
 		t.Errorf("the request phase's keys %v and the response phase's %v, want one key both charge", check, spent)
 	}
 }
+
+// TestTranslateReservedKeys translates keys named like the attributes tollgate sets
+// itself (descriptor.keys, descriptor.N): AttrName renames them, so they load and
+// never stand for tollgate's own attributes. TestERLKeyNamedLikeTollgates (package
+// rls) decides with them.
+func TestTranslateReservedKeys(t *testing.T) {
+	t.Parallel()
+	_, p := translate(t, `domain: reserved
+descriptors:
+  - key: descriptor.keys
+    value: x
+    rate_limit: {unit: minute, requests_per_unit: 2}
+    descriptors:
+      - {key: descriptor.1, rate_limit: {unit: minute, requests_per_unit: 1}}
+`)
+	if len(p.Rules) == 0 {
+		t.Fatalf("the translated policy has no rule")
+	}
+	for _, key := range []string{erl.KeysAttribute, erl.EntryAttribute(1), "descriptor.none", "Descriptor.Keys"} {
+		a := erl.AttrName(key)
+		if !policy.ValidAttribute(a) || strings.HasPrefix(a, "descriptor.") || a == erl.KeysAttribute {
+			t.Errorf("AttrName(%q) = %q, want a valid attribute apart from tollgate's descriptor.*", key, a)
+		}
+	}
+	if a, b := erl.AttrName(erl.KeysAttribute), erl.AttrName(erl.EntryAttribute(1)); a == b {
+		t.Errorf("AttrName(%q) = AttrName(%q) = %q", erl.KeysAttribute, erl.EntryAttribute(1), a)
+	}
+}

@@ -82,9 +82,17 @@ func (d Dir) Files() ([]DirFile, error) {
 		return nil, err
 	}
 	// A Kubernetes volume: its files are those of the directory ..data names now.
-	// Resolve it once and read only there.
-	if data, err := filepath.EvalSymlinks(filepath.Join(root, k8sData)); err == nil {
-		root = data
+	// Resolve it once and read only there. When ..data is there but does not
+	// resolve (a swap removed the directory it named meanwhile), the read fails:
+	// reading the volume's own links instead would follow ..data anew for each
+	// file and could mix two updates.
+	data := filepath.Join(root, k8sData)
+	volume := false
+	if _, err := os.Lstat(data); err == nil {
+		if root, err = filepath.EvalSymlinks(data); err != nil {
+			return nil, fmt.Errorf("resolve %s: %w (a ConfigMap update under way; the next read retries)", data, err)
+		}
+		volume = true
 	}
 	files := []DirFile{}
 	err = filepath.WalkDir(root, func(path string, e fs.DirEntry, err error) error {
@@ -127,6 +135,13 @@ func (d Dir) Files() ([]DirFile, error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	// The atomic writer removes the directory ..data named only once ..data names
+	// another: when ..data still names root, nothing was removed under the walk.
+	if volume {
+		if now, err := filepath.EvalSymlinks(data); err != nil || now != root {
+			return nil, fmt.Errorf("%s changed while it was read (a ConfigMap update under way; the next read retries)", data)
+		}
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].Name < files[j].Name })
 	return files, nil

@@ -2,16 +2,18 @@ package reload_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 
-	"github.com/tollgate-dev/tollgate/shared/configmaptest"
+	"github.com/tollgate-dev/tollgate/internal/configmaptest"
 	"github.com/tollgate-dev/tollgate/shared/reload"
 )
 
@@ -102,16 +104,19 @@ func TestDirConfigMap(t *testing.T) {
 
 // TestDirConfigMapSwapsUnderReads swaps ..data as fast as it can while reloads run:
 // no read ever mixes two updates (the test's Parse refuses a mix as invalid); a read
-// that a swap interrupts fails and the next one succeeds.
+// that a swap interrupts fails, and once the swaps stop the next read succeeds and
+// applies the last update.
 func TestDirConfigMapSwapsUnderReads(t *testing.T) {
 	t.Parallel()
 	cm := &configmaptest.Volume{T: t, Dir: t.TempDir()}
 	names := []string{"a.yaml", "b.yaml", "c.yaml", "d.yaml"}
 	cm.Update(versionFiles("0", names...))
+	var running, last atomic.Value
+	last.Store("0")
 	r, _, err := reload.LoadOf(context.Background(), reload.ConfigOf[string]{
 		Source: reload.Dir{Path: cm.Dir},
 		Parse:  version,
-		Apply:  func(string) error { return nil },
+		Apply:  func(v string) error { running.Store(v); return nil },
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -127,6 +132,7 @@ func TestDirConfigMapSwapsUnderReads(t *testing.T) {
 			default:
 			}
 			cm.Update(versionFiles(fmt.Sprint(i), names...))
+			last.Store(fmt.Sprint(i))
 		}
 	})
 	results := map[string]int{}
@@ -139,6 +145,12 @@ func TestDirConfigMapSwapsUnderReads(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+	if result, err := r.Reload(context.Background()); result != reload.Applied && result != reload.Unchanged {
+		t.Errorf("Reload() after the swaps stopped = %s, %v; want applied or unchanged", result, err)
+	}
+	if got, want := running.Load(), last.Load(); got != want {
+		t.Errorf("running version after the swaps stopped = %v, want the last update's, %v", got, want)
+	}
 	if results[reload.Applied] == 0 {
 		t.Errorf("results %v: no update applied while ..data was swapped", results)
 	}
@@ -181,8 +193,9 @@ func TestDirPlain(t *testing.T) {
 	}
 }
 
-// FuzzDecodeDir decodes any document without panicking, and a directory's document
-// back to its files.
+// FuzzDecodeDir decodes any document without panicking, and every document it
+// accepts round-trips: its files, encoded as Dir.Read encodes them (JSON), decode
+// to the same files.
 func FuzzDecodeDir(f *testing.F) {
 	f.Add([]byte(`[{"name":"a.yaml","data":"ZG9tYWluOiBk"}]`))
 	f.Add([]byte(`[]`))
@@ -192,8 +205,13 @@ func FuzzDecodeDir(f *testing.F) {
 		if err != nil {
 			return
 		}
-		for _, f := range files {
-			_ = f.Name
+		again, err := json.Marshal(files)
+		if err != nil {
+			t.Fatalf("json.Marshal(%v) = %v", files, err)
+		}
+		back, err := reload.DecodeDir(again)
+		if err != nil || !reflect.DeepEqual(back, files) {
+			t.Errorf("DecodeDir(%s) = %v, %v; want %v", again, back, err, files)
 		}
 	})
 }

@@ -104,9 +104,10 @@ type Server struct {
 // then one series ("other") and one line for the rest, so that clients that send
 // any domain cannot grow either without bound.
 type unknownDomains struct {
-	mu      sync.Mutex
-	seen    map[string]bool
-	counter *prometheus.CounterVec
+	mu         sync.Mutex
+	seen       map[string]bool // at most maxUnknownDomains, each counted under its name
+	overflowed bool            // a domain past the cap has been logged
+	counter    *prometheus.CounterVec
 }
 
 const maxUnknownDomains = 100
@@ -122,17 +123,17 @@ func (u *unknownDomains) add(log *slog.Logger, domain string) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	label := domain
-	if !u.seen[domain] {
-		switch n := len(u.seen); {
-		case n < maxUnknownDomains:
-			u.seen[domain] = true
-			log.Warn("a request for a domain no configuration defines, answered OK with no limit (as envoyproxy/ratelimit answers it); this is logged once per domain", "domain", domain)
-		case n == maxUnknownDomains:
-			u.seen[domain] = true // the first of the rest, to log once
-			label = "other"
+	switch {
+	case u.seen[domain]:
+	case len(u.seen) < maxUnknownDomains:
+		u.seen[domain] = true
+		log.Warn("a request for a domain no configuration defines, answered OK with no limit (as envoyproxy/ratelimit answers it); this is logged once per domain", "domain", domain)
+	default:
+		// Past the cap a domain is never remembered, so it stays "other" for good.
+		label = "other"
+		if !u.overflowed {
+			u.overflowed = true
 			log.Warn("requests for more unknown domains; these are counted under domain \"other\" and not logged", "domain", domain)
-		default:
-			label = "other"
 		}
 	}
 	u.counter.WithLabelValues(label).Inc()
