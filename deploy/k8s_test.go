@@ -587,64 +587,6 @@ func TestExamples(t *testing.T) {
 
 }
 
-// backendTrafficPolicy is the part of Envoy Gateway's BackendTrafficPolicy
-// (gateway.envoyproxy.io/v1alpha1) the example uses, named as its API names it.
-type backendTrafficPolicy struct {
-	metav1.TypeMeta `json:",inline"`
-	Metadata        metav1.ObjectMeta `json:"metadata"`
-	Spec            struct {
-		TargetRefs []struct {
-			Group string `json:"group"`
-			Kind  string `json:"kind"`
-			Name  string `json:"name"`
-		} `json:"targetRefs"`
-		RateLimit struct {
-			Global struct {
-				Rules []struct {
-					ClientSelectors []struct {
-						Headers []struct {
-							Name   string  `json:"name"`
-							Type   string  `json:"type,omitempty"`
-							Value  *string `json:"value,omitempty"`
-							Invert *bool   `json:"invert,omitempty"`
-						} `json:"headers,omitempty"`
-						Path *struct {
-							Type   string `json:"type,omitempty"`
-							Value  string `json:"value"`
-							Invert *bool  `json:"invert,omitempty"`
-						} `json:"path,omitempty"`
-						SourceCIDR *struct {
-							Type  string `json:"type,omitempty"`
-							Value string `json:"value"`
-						} `json:"sourceCIDR,omitempty"`
-					} `json:"clientSelectors,omitempty"`
-					Limit struct {
-						Requests uint   `json:"requests"`
-						Unit     string `json:"unit"`
-					} `json:"limit"`
-					Shared     *bool `json:"shared,omitempty"`
-					ShadowMode *bool `json:"shadowMode,omitempty"`
-					Cost       *struct {
-						Request  *rateLimitCostSpecifier `json:"request,omitempty"`
-						Response *rateLimitCostSpecifier `json:"response,omitempty"`
-					} `json:"cost,omitempty"`
-				} `json:"rules"`
-			} `json:"global"`
-		} `json:"rateLimit"`
-	} `json:"spec"`
-}
-
-// rateLimitCostSpecifier is Envoy Gateway's RateLimitCostSpecifier: a number, or a
-// key of the dynamic metadata.
-type rateLimitCostSpecifier struct {
-	From     string  `json:"from"`
-	Number   *uint64 `json:"number,omitempty"`
-	Metadata *struct {
-		Namespace string `json:"namespace"`
-		Key       string `json:"key"`
-	} `json:"metadata,omitempty"`
-}
-
 // checkEnvoyFilters decodes every EnvoyFilter of a file: its object strictly, its
 // spec with protojson into istio.io/api's EnvoyFilter (unknown fields refused), and
 // each patch's value into the Envoy type its applyTo names, validated.
