@@ -88,13 +88,7 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 			}
 		}
 	}
-	callout := [][2]string{
-		{":method", "POST"},
-		{":path", p.cfg.path},
-		{":authority", p.cfg.authority},
-		{"content-type", "application/json"},
-		{"accept", "application/json"},
-	}
+	callout := p.cfg.calloutHeaders()
 	check := checkRequest{domain: p.cfg.domain, attrs: attrs, cost: p.cfg.cost}
 	if s := p.cfg.settle; s != nil {
 		h.settle = settlePlain
@@ -363,6 +357,17 @@ func pick(headers [][2]string, names []string) [][2]string {
 		}
 	}
 	return out
+}
+
+// calloutHeaders are the headers of a POST to the decision service's check path.
+func (c *config) calloutHeaders() [][2]string {
+	return [][2]string{
+		{":method", "POST"},
+		{":path", c.path},
+		{":authority", c.authority},
+		{"content-type", "application/json"},
+		{"accept", "application/json"},
+	}
 }
 
 // needs reports whether some attribute comes from src.

@@ -172,13 +172,7 @@ func (p *pluginContext) sendSettle(s *settlement) {
 		p.settleFailed(s, "its body is "+strconv.Itoa(len(body))+" bytes once JSON-escaped, over the service's "+strconv.Itoa(bounds.MaxBody))
 		return
 	}
-	headers := [][2]string{
-		{":method", "POST"},
-		{":path", p.cfg.path},
-		{":authority", p.cfg.authority},
-		{"content-type", "application/json"},
-		{"accept", "application/json"},
-	}
+	headers := p.cfg.calloutHeaders()
 	_, err := proxywasm.DispatchHttpCall(p.cfg.cluster, headers, body, nil, uint32(p.cfg.timeout/time.Millisecond),
 		func(numHeaders, bodySize, numTrailers int) { p.onSettleResponse(s, numHeaders, bodySize) })
 	if err != nil {
