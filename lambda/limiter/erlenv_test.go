@@ -397,11 +397,7 @@ func TestERLHealthNeedsConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := newService(context.Background(), c, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := startService(t, c)
 	check := func() int {
 		rec := httptest.NewRecorder()
 		s.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthcheck", nil))
@@ -448,19 +444,8 @@ func TestERLMergeShadowUDS(t *testing.T) {
 	if c, err = loadConfig(env(base), nil); err != nil {
 		t.Fatal(err)
 	}
-	s, err := newService(context.Background(), c, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ln, err := listen(c.GRPCListen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer(grpcOptions(c)...)
-	rlsv3.RegisterRateLimitServiceServer(gs, s.rls)
-	go gs.Serve(ln)
-	defer gs.Stop()
+	s := startService(t, c)
+	serveGRPC(t, c, s)
 	conn, err := grpc.NewClient("unix:"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -549,11 +534,7 @@ func TestERLHealthFollowsRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := newService(context.Background(), c, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := startService(t, c)
 	check := func() int {
 		rec := httptest.NewRecorder()
 		s.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthcheck", nil))
@@ -639,4 +620,30 @@ func unknownOK(t *testing.T, c rlsv3.RateLimitServiceClient, domain string) {
 		r.Statuses[0].Code != rlsv3.RateLimitResponse_OK || r.Statuses[0].CurrentLimit != nil {
 		t.Errorf("unknown domain %s = %v, %v; want OK with one status OK and no limit", domain, r, err)
 	}
+}
+
+// startService starts the service of configuration c, closed when t ends.
+func startService(t *testing.T, c config) *service {
+	t.Helper()
+	s, err := newService(context.Background(), c, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// serveGRPC serves s's rate limit service on c's gRPC listener, with c's server
+// options, until t ends, and returns the listener's address.
+func serveGRPC(t *testing.T, c config, s *service) string {
+	t.Helper()
+	ln, err := listen(c.GRPCListen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(grpcOptions(c)...)
+	rlsv3.RegisterRateLimitServiceServer(gs, s.rls)
+	go gs.Serve(ln)
+	t.Cleanup(gs.Stop)
+	return ln.Addr().String()
 }

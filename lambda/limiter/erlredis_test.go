@@ -192,19 +192,8 @@ func TestERLGRPCServerTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := newService(context.Background(), c, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ln, err := listen(c.GRPCListen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer(grpcOptions(c)...)
-	rlsv3.RegisterRateLimitServiceServer(gs, s.rls)
-	go gs.Serve(ln)
-	defer gs.Stop()
+	s := startService(t, c)
+	addr := serveGRPC(t, c, s)
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.cert)
 	for _, tc := range []struct {
@@ -225,7 +214,7 @@ func TestERLGRPCServerTLS(t *testing.T) {
 			}
 			cfg.Certificates = []tls.Certificate{pair}
 		}
-		conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 		if err != nil {
 			t.Fatal(err)
 		}
