@@ -62,7 +62,7 @@ func runServices(t *testing.T, srv *redistest.Server, path, rule string, rdb *re
 	}
 	var ph servicePhase
 	var mu sync.Mutex
-	before := srv.ScriptCalls(t)
+	before := srv.DecisionCalls(t)
 	start := time.Now()
 	var wg sync.WaitGroup
 	for _, p := range procs {
@@ -118,7 +118,7 @@ func runServices(t *testing.T, srv *redistest.Server, path, rule string, rdb *re
 			t.Fatalf("limiter did not stop within 30s: %s", p.logText())
 		}
 	}
-	ph.calls = srv.ScriptCalls(t) - before
+	ph.calls = srv.DecisionCalls(t) - before
 	keys, err := rdb.Keys(context.Background(), "tg:{"+rule+":}*").Result()
 	if err != nil {
 		t.Fatal(err)

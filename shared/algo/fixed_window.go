@@ -1,5 +1,7 @@
 package algo
 
+import "strconv"
+
 // fixedWindow decides on a counter per window aligned to the Unix epoch: window
 // w = floor(now/P) admits Count units. State: Window (the newest window charged),
 // Count (its units), Prev (the units of the window before it, for a caller whose
@@ -14,11 +16,8 @@ func fixedWindow(l Limit, s State, now, cost int64, record string, force bool) (
 	if l.Calendar.Unit != "" && l.WindowStartMicros == 0 {
 		l = l.In(now)
 	}
-	p, n, off := micros(l.Period), l.Count, l.WindowStartMicros
-	w := floorDiv(now, p)
-	if off != 0 {
-		w = off + max(0, floorDiv(now-off, p))*p // the window's start names it
-	}
+	n, off := l.Count, l.WindowStartMicros
+	w, end := fixedWindowAt(l, now)
 	prev := w - 1
 	if off != 0 {
 		prev = -1 // the previous calendar window's start is not known here
@@ -31,10 +30,6 @@ func fixedWindow(l Limit, s State, now, cost int64, record string, force bool) (
 		case prev:
 			used = s.Prev
 		}
-	}
-	end := (w + 1) * p
-	if off != 0 {
-		end = w + p
 	}
 	d := Decision{Limit: n, Period: l.Period, ResetAfter: us(end - now)}
 	if used+cost > n {
@@ -89,4 +84,40 @@ func copyRecords(r map[string]int64) map[string]int64 {
 		c[k] = v
 	}
 	return c
+}
+
+// fixedWindowAt returns the window of the fixed_window limit l (a calendar limit set to
+// its window, see Limit.In) that holds now: w names it (its index since the epoch, or
+// a calendar window's start) and it ends at end (Unix µs).
+func fixedWindowAt(l Limit, now int64) (w, end int64) {
+	p, off := micros(l.Period), l.WindowStartMicros
+	if off != 0 {
+		w = off + max(0, floorDiv(now-off, p))*p
+		return w, w + p
+	}
+	w = floorDiv(now, p)
+	return w, (w + 1) * p
+}
+
+// WindowKey returns the key that counts the window of the fixed_window meter key at
+// now (Unix µs), as the Lua library names it (key:<index>, or key:c<start> for a
+// calendar window), and the window's end.
+func (l Limit) WindowKey(key string, now int64) (name string, end int64) {
+	l = l.In(now)
+	w, end := fixedWindowAt(l, now)
+	if l.WindowStartMicros != 0 {
+		return key + ":c" + strconv.FormatInt(w, 10), end
+	}
+	return key + ":" + strconv.FormatInt(w, 10), end
+}
+
+// Counted is the decision of a fixed_window meter whose window at now already held
+// used units before cost more were counted into it: what the Go model (and the Lua
+// library) decide from the same count. A store that counts with INCRBY decides with
+// it.
+func (m Meter) Counted(now, used, cost int64) Decision {
+	l := m.Limits[0].In(now)
+	w, _ := fixedWindowAt(l, now)
+	_, ds := Meter{Limits: []Limit{l}}.StepMicros(State{Set: true, Window: w, Count: used}, now, cost)
+	return ds[0]
 }

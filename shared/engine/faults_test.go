@@ -292,7 +292,7 @@ func TestDenyCacheSparesRedis(t *testing.T) {
 			break
 		}
 	}
-	before := srv.ScriptCalls(t)
+	before := srv.DecisionCalls(t)
 	for i := range 10000 {
 		v, err := eng.Check(ctx, req)
 		if err != nil {
@@ -305,8 +305,8 @@ func TestDenyCacheSparesRedis(t *testing.T) {
 			t.Fatalf("request %d: cached denial has RetryAfter %v, want > 0", i, v.Decision.RetryAfter)
 		}
 	}
-	if got := srv.ScriptCalls(t) - before; got > 1 {
-		t.Errorf("Redis script calls for 10,000 blocked requests = %d, want at most 1", got)
+	if got := srv.DecisionCalls(t) - before; got > 1 {
+		t.Errorf("Redis decision calls for 10,000 blocked requests = %d, want at most 1", got)
 	}
 }
 

@@ -85,7 +85,7 @@ func runHot(t *testing.T, srv *redistest.Server, doc string, batched bool) hotRu
 	ctx := context.Background()
 	run := hotRun{perWindow: map[int64]int64{}}
 	var mu sync.Mutex
-	before := srv.ScriptCalls(t)
+	before := srv.DecisionCalls(t)
 	start := time.Now()
 	stop := make(chan struct{})
 	var sweepers sync.WaitGroup
@@ -155,7 +155,7 @@ func runHot(t *testing.T, srv *redistest.Server, doc string, batched bool) hotRu
 	for _, e := range engs {
 		e.EndLeases(ctx)
 	}
-	run.calls = srv.ScriptCalls(t) - before
+	run.calls = srv.DecisionCalls(t) - before
 	return run
 }
 

@@ -23,12 +23,8 @@ func (s *Store) serverMicros(ctx context.Context) (int64, error) {
 
 // fixedWindowKey is the key of the current window of a fixed_window meter at now (µs).
 func fixedWindowKey(key string, m algo.Meter, now int64) string {
-	l := m.Limits[0].In(now)
-	p := int64(l.Period / time.Microsecond)
-	if off := l.WindowStartMicros; off != 0 {
-		return key + ":c" + strconv.FormatInt(off+max(0, (now-off)/p)*p, 10)
-	}
-	return key + ":" + strconv.FormatInt(now/p, 10)
+	name, _ := m.Limits[0].WindowKey(key, now)
+	return name
 }
 
 // Records returns the values recorded with the admitted requests that still count:

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate-dev/tollgate/shared/algo"
 )
 
@@ -26,9 +28,10 @@ const (
 // Batching is how a store with Options.BatchWait sends: a lone request goes out at
 // once; only when a round trip is already under way do arriving requests queue, and
 // the queue goes out when that round trip ends, when it holds MaxBatch requests, or
-// after BatchWait, whichever comes first. On a standalone Redis a batch is one call of
-// the Lua library's many entry (algo.EntryMany); on a cluster it is one pipeline per
-// node of one decide call per request. Either way each request is decided
+// after BatchWait, whichever comes first. A batch is one pipeline per node: the
+// commands of the requests that count (count.go), then, on a standalone Redis, one
+// call of the Lua library's many entry (algo.EntryMany) for the others, or on a
+// cluster one decide call per request. Either way each request is decided
 // all-or-nothing on its own, with its own reply or error; only the round trip is
 // shared. Store.routeOf says which requests never join a batch. The goroutines that
 // send batches end a second after the last one.
@@ -85,7 +88,7 @@ func (b *batcher) decide(ctx context.Context, c algo.Check, node string) (algo.R
 		// Nothing in flight: go now, without waiting.
 		b.inflight++
 		b.mu.Unlock()
-		rep, err := b.store.call(ctx, c, false)
+		rep, err := b.store.decideOne(ctx, c)
 		if batch := b.finish(); batch != nil {
 			b.handOff(batch)
 		}
@@ -220,16 +223,10 @@ func (b *batcher) flushLoop(batch []*call) {
 	}
 }
 
-// flush sends batch (as one call, or one pipeline per node) and hands every call its
-// outcome. The pipelines of a cluster's nodes go out side by side, and each hands its
-// calls their outcomes when it ends: a slow or dead node delays only its own calls.
+// flush sends batch and hands every call its outcome. The round trips of a cluster's
+// nodes go out side by side, and each hands its calls their outcomes when it ends: a
+// slow or dead node delays only its own calls.
 func (b *batcher) flush(batch []*call) {
-	if len(batch) > 1 && !b.store.cluster {
-		ctx, cancel := batchContext(batch)
-		defer cancel()
-		b.flushMany(ctx, batch)
-		return
-	}
 	groups := byNode(batch)
 	if len(groups) == 1 {
 		b.flushNode(batch)
@@ -256,51 +253,82 @@ func byNode(batch []*call) [][]*call {
 	return groups
 }
 
-// flushNode sends batch, whose calls are all for one node, as one call or one
-// pipeline, and hands every call its reply.
+// flushNode sends batch, whose calls are all for one node, in one round trip: the
+// requests that count (count.go) as their commands; the others as one call of the
+// library's many entry on a standalone Redis, or one decide call each on a cluster's
+// node (the many entry's keys would span slots). It hands every call its reply; the
+// counted ones after their denials' units are given back.
 func (b *batcher) flushNode(batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
-	calls := make([]*scriptCall, len(batch))
-	for i, cl := range batch {
-		calls[i] = decideCall(cl.check, false)
-	}
-	b.store.exec(ctx, calls...)
-	for i, cl := range batch {
-		if !cl.given.Load() {
-			cl.rep, cl.err = calls[i].answer(cl.check)
+	s := b.store
+	var counts []*countCall
+	var pre []redis.Cmder
+	var counting, scripted []*call
+	for _, cl := range batch {
+		if s.counts(cl.check) {
+			cc := newCountCall(ctx, cl.check, s.expireNX.Load())
+			counts, counting = append(counts, cc), append(counting, cl)
+			pre = append(pre, cc.incr, cc.expire)
+		} else {
+			scripted = append(scripted, cl)
 		}
-		cl.done <- struct{}{} // the call belongs to its waiter from here on
+	}
+	var calls []*scriptCall
+	many := !s.cluster && len(scripted) > 1
+	if many {
+		checks := make([]algo.Check, len(scripted))
+		for i, cl := range scripted {
+			checks[i] = cl.check
+		}
+		keys, args := algo.ManyCall(checks)
+		calls = []*scriptCall{entryCall(algo.EntryMany, keys, args)}
+	} else {
+		for _, cl := range scripted {
+			calls = append(calls, decideCall(cl.check, false))
+		}
+	}
+	s.execWith(ctx, pre, calls)
+	if many {
+		answerMany(calls[0], scripted)
+	} else {
+		for i, cl := range scripted {
+			answer(cl, func() (algo.Reply, error) { return calls[i].answer(cl.check) })
+		}
+	}
+	reps, errs := make([]algo.Reply, len(counts)), make([]error, len(counts))
+	s.counted(ctx, counts, reps, errs)
+	for i, cl := range counting {
+		answer(cl, func() (algo.Reply, error) { return reps[i], errs[i] })
 	}
 }
 
-// flushMany sends batch to a standalone Redis as one call of the library's many
-// entry and hands every call its reply.
-func (b *batcher) flushMany(ctx context.Context, batch []*call) {
-	checks := make([]algo.Check, len(batch))
-	for i, cl := range batch {
-		checks[i] = cl.check
-	}
-	keys, args := algo.ManyCall(checks)
-	sc := entryCall(algo.EntryMany, keys, args)
-	b.store.exec(ctx, sc)
+// answerMany hands each call of batch its part of the reply of sc, the many entry's
+// call for them.
+func answerMany(sc *scriptCall, batch []*call) {
 	v, err := sc.value()
 	reps, ok := v.([]any)
 	if err == nil && (!ok || len(reps) != len(batch)) {
 		err = fmt.Errorf("many-request reply is %T of %d elements for %d requests", v, len(reps), len(batch))
 	}
 	for i, cl := range batch {
-		if !cl.given.Load() {
-			var v any
-			rerr := err
-			if err == nil {
-				v = reps[i]
-				rerr, _ = v.(error)
+		answer(cl, func() (algo.Reply, error) {
+			if err != nil {
+				return decoded(cl.check, nil, nil, err)
 			}
-			cl.rep, cl.err = decoded(cl.check, nil, v, rerr)
-		}
-		cl.done <- struct{}{} // the call belongs to its waiter from here on
+			rerr, _ := reps[i].(error)
+			return decoded(cl.check, nil, reps[i], rerr)
+		})
 	}
+}
+
+// answer hands cl the reply get returns, unless its waiter gave up; from here on the
+// call belongs to its waiter.
+func answer(cl *call, get func() (algo.Reply, error)) {
+	if !cl.given.Load() {
+		cl.rep, cl.err = get()
+	}
+	cl.done <- struct{}{}
 }
 
 // release returns a call whose waiter is done with it to the pool, and the reply it

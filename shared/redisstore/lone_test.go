@@ -11,12 +11,12 @@ import (
 )
 
 // TestFixedWindowLoneCharge covers the path a one-meter fixed_window request takes
-// (lua/fixed_window.lua's fw_lone: INCRBY first, given back when over), on the
-// server's clock and on a caller's: a denial leaves no key where there was none and
-// the count and TTL as they were where there was one; a window's first charge sets
-// its key's TTL (the window's end on the server's clock, the reset plus a second's
-// slack on a caller's), which later charges leave alone.
-func TestFixedWindowLoneCharge(t *testing.T) {
+// (count.go: INCRBY and PEXPIRE NX, DECRBY when over, no script), on the process's
+// clock (NowMicros 0) and on a caller's: a denial leaves no key where there was none
+// and the count and TTL as they were where there was one; a window's first charge
+// sets its key's TTL (the reset plus a second's slack), which later charges leave
+// alone; and no call of the library is made.
+func TestFixedWindowCounted(t *testing.T) {
 	srv := redistest.StartServer(t)
 	client := srv.Client(t)
 	store := loadedStore(t, client)
@@ -24,10 +24,10 @@ func TestFixedWindowLoneCharge(t *testing.T) {
 	m := algo.Meter{Limits: []algo.Limit{{Algorithm: algo.FixedWindow, Count: 3, Period: time.Minute}}}
 	period := m.Limits[0].Period.Microseconds()
 
-	for _, clock := range []string{"server", "caller"} {
+	for _, clock := range []string{"process", "caller"} {
 		t.Run(clock, func(t *testing.T) {
 			key := algo.Key("lone:", clock, "r", "", "0")
-			var now int64 // 0: the server's clock
+			var now int64 // 0: the store's process clock
 			if clock == "caller" {
 				// the start of a window, so that the whole test stays in it
 				now = (time.Now().UnixMicro()/period + 1) * period
@@ -64,15 +64,9 @@ func TestFixedWindowLoneCharge(t *testing.T) {
 				return d
 			}
 			first := pttl()
-			switch clock {
-			case "server": // the window's end, to the millisecond
-				if want := time.Duration((w+1)*period-o.NowMicros) * time.Microsecond; first > want+time.Millisecond || first < want-50*time.Millisecond {
-					t.Errorf("PTTL after the first charge = %v, want the window's end, %v", first, want)
-				}
-			case "caller": // the reset plus the caller's-clock slack of a second
-				if want := reset + time.Second; first > want+time.Millisecond || first < want-50*time.Millisecond {
-					t.Errorf("PTTL after the first charge = %v, want the reset plus 1s, %v", first, want)
-				}
+			// the window's end plus the slack of a second for other instances' clocks
+			if want := reset + time.Second; first > want+time.Millisecond || first < want-50*time.Millisecond {
+				t.Errorf("PTTL after the first charge = %v, want the reset plus 1s, %v", first, want)
 			}
 
 			// A denial on a window with a count leaves the count and the TTL.
@@ -96,5 +90,16 @@ func TestFixedWindowLoneCharge(t *testing.T) {
 				t.Errorf("count = %d, %v; want 3", n, err)
 			}
 		})
+	}
+	// Per clock: the cost-4 request takes the library (a cost above the limit never
+	// counts); the others count, and the one denial of cost 3 gives its units back.
+	if n := srv.ScriptCalls(t); n != 2 {
+		t.Errorf("library calls = %d, want 2 (the two requests of a cost above the limit)", n)
+	}
+	if n := srv.CommandCalls(t, "incrby"); n != 6 {
+		t.Errorf("INCRBY calls = %d, want 6 (three counted requests per clock)", n)
+	}
+	if n := srv.CommandCalls(t, "decrby"); n != 2 {
+		t.Errorf("DECRBY calls = %d, want 2 (one counted denial per clock)", n)
 	}
 }

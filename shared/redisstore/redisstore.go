@@ -34,6 +34,9 @@ type Store struct {
 	functions   map[algo.Entry]any
 	scripts     map[algo.Entry]*redis.Script
 	noFunctions atomic.Bool
+	// expireNX is whether the server takes PEXPIRE ... NX (Redis 7 and later; see
+	// count.go), until a server refuses it.
+	expireNX atomic.Bool
 	// unreplicated counts the charges answered before the replicas they asked for
 	// acknowledged them (algo.Replicas).
 	unreplicated atomic.Int64
@@ -93,6 +96,7 @@ func NewWithOptions(client redis.UniversalClient, o Options) (*Store, error) {
 	if c, ok := client.(*redis.Client); ok {
 		s.node = c.Options().Addr
 	}
+	s.expireNX.Store(true)
 	s.batch = newBatcher(s, o)
 	s.UseBreakers(breaker.Settings{})
 	return s, nil
@@ -180,7 +184,7 @@ func (s *Store) Decide(ctx context.Context, c algo.Check) (algo.Outcome, error) 
 	if r == batched {
 		rep, err = s.batch.decide(ctx, c, node)
 	} else {
-		rep, err = s.call(ctx, c, false)
+		rep, err = s.decideOne(ctx, c)
 	}
 	ps.record(node, err)
 	s.leave(&ps)

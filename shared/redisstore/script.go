@@ -115,7 +115,13 @@ func runError(c algo.Check, err error) error {
 // whose node has the library now run; the others keep the load's error. Each call's
 // command holds its own result or error.
 func (s *Store) exec(ctx context.Context, calls ...*scriptCall) {
-	s.send(ctx, calls)
+	s.execWith(ctx, nil, calls)
+}
+
+// execWith is exec with the commands in pre sent first in the same round trip; they
+// are never sent again.
+func (s *Store) execWith(ctx context.Context, pre []redis.Cmder, calls []*scriptCall) {
+	s.send(ctx, pre, calls)
 	var again []*scriptCall
 	for _, sc := range calls {
 		if missing(sc.cmd.Err()) {
@@ -126,7 +132,7 @@ func (s *Store) exec(ctx context.Context, calls ...*scriptCall) {
 		return
 	}
 	perr := s.Preload(ctx)
-	s.send(ctx, again)
+	s.send(ctx, nil, again)
 	for _, sc := range again {
 		if perr != nil && missing(sc.cmd.Err()) {
 			sc.cmd.SetErr(perr)
@@ -134,24 +140,31 @@ func (s *Store) exec(ctx context.Context, calls ...*scriptCall) {
 	}
 }
 
-// send builds every call's command and sends them in one round trip.
-func (s *Store) send(ctx context.Context, calls []*scriptCall) {
+// send builds every call's command and sends them, after pre, in one round trip.
+func (s *Store) send(ctx context.Context, pre []redis.Cmder, calls []*scriptCall) {
+	cmds := pre
 	for _, sc := range calls {
 		sc.cmd = s.command(ctx, sc)
+		cmds = append(cmds, sc.cmd)
 	}
-	if len(calls) == 1 && calls[0].replicas.Count > 0 {
+	if len(pre) == 0 && len(calls) == 1 && calls[0].replicas.Count > 0 {
 		s.sendDurable(ctx, calls[0])
 		return
 	}
-	if len(calls) == 1 {
-		_ = s.client.Process(ctx, calls[0].cmd)
+	s.pipeline(ctx, cmds)
+}
+
+// pipeline sends cmds in one round trip (a command on its own when there is one);
+// each keeps its own result or error (Exec's is the first of them).
+func (s *Store) pipeline(ctx context.Context, cmds []redis.Cmder) {
+	if len(cmds) == 1 {
+		_ = s.client.Process(ctx, cmds[0])
 		return
 	}
 	pipe := s.client.Pipeline()
-	for _, sc := range calls {
-		_ = pipe.Process(ctx, sc.cmd)
+	for _, c := range cmds {
+		_ = pipe.Process(ctx, c)
 	}
-	// Each command carries its own error; Exec's is the first of them.
 	_, _ = pipe.Exec(ctx)
 }
 

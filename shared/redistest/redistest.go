@@ -515,6 +515,16 @@ func (s *Server) ScriptCalls(t testing.TB) int64 {
 	return s.CommandCalls(t, "evalsha", "eval", "fcall", "fcall_ro")
 }
 
+// DecisionCalls returns the round trips of decisions and refunds s has served since
+// it started: its script calls (ScriptCalls) and the INCRBYs of the fixed_window
+// requests that a store decides with no script. (The library's scripts run no
+// INCRBY; a counted request that is denied gives its units back with a DECRBY in a
+// second round trip, not counted here.)
+func (s *Server) DecisionCalls(t testing.TB) int64 {
+	t.Helper()
+	return s.CommandCalls(t, "evalsha", "eval", "fcall", "fcall_ro", "incrby")
+}
+
 // CommandCalls returns how many times s has run the commands named (lower-case, as
 // INFO commandstats names them) since it started.
 func (s *Server) CommandCalls(t testing.TB, names ...string) int64 {

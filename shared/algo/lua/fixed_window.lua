@@ -35,39 +35,7 @@ local function fw_decide(n, p, used, cost, e, now, out, o)
   return true
 end
 
--- fw_lone decides a meter that nothing else in its request can deny (decide's lone
--- meter path), charging before it checks: INCRBY answers the count as an integer and
--- leaves an existing key's TTL alone, so Redis runs one command where GET + SET ran
--- two, and a charge that goes over is given back in the same call (BenchmarkScriptCost
--- in shared/redisstore, tollgate-fixed_window, which make bench-core runs; make bench's
--- script-cost section). A meter that records, and a peek (cost 0), take check + commit.
--- INCRBY takes the cost as the caller sent it: a number would be formatted (%.17g).
-local function fw_lone(key, now, cost, lim, out, o, cost_arg)
-  local n, p = lim[1], lim[2]
-  local k, e = fw_window(key, now, p, lim[4])
-  local used = redis.call('INCRBY', k, cost_arg) - cost
-  if fw_decide(n, p, used, cost, e, now, out, o) then
-    -- The window's first charge sets its key's TTL, which stays. On the server's
-    -- clock it is the window's end itself (to the millisecond, as check + commit's
-    -- SET PX leaves it after every charge); a caller's clock may be off the server's,
-    -- so its TTL is relative, with the slack.
-    if used == 0 and ttl_slack == 0 then
-      redis.call('PEXPIREAT', k, string.format('%d', ceil(e / 1000)))
-    elseif used == 0 then
-      redis.call('PEXPIRE', k, ttl(e - now))
-    end
-    return true
-  end
-  if used == 0 then
-    redis.call('DEL', k)
-  else
-    redis.call('DECRBY', k, cost)
-  end
-  return false
-end
-
 A.fixed_window = algorithm({
-  lone = fw_lone,
   check = function(key, now, cost, lim, record, out, o)
     local n, p = lim[1], lim[2]
     local k, e = fw_window(key, now, p, lim[4])

@@ -8,9 +8,8 @@
 -- decide: every meter of one request, all-or-nothing, in one round trip.
 --   KEYS[i]: the key of meter i (all in one cluster slot).
 --   ARGV: now_us ('' = the server's clock; a caller's clock adds one second to every
---     TTL, see prelude.lua), cost (a whole number in decimal: fixed_window's INCRBY
---     takes it as sent), undo (1: reply with what a refund needs), meter
---     count M, then per meter: its spec (see spec below) and its record ('' = none).
+--     TTL, see prelude.lua), cost (a whole number), undo (1: reply with what a
+--     refund needs), meter count M, then per meter: its spec (see spec below) and its record ('' = none).
 --   Reply: {now_us, allowed (0|1), then per meter per limit: allowed, remaining,
 --     reset_after_us, retry_after_us, delay_us}; with undo, then per charged meter:
 --     meter index (from 0), key count, then per key: name, dump before ('' = absent),
@@ -157,13 +156,8 @@ local function request(keys, k0, args, a0, server)
     local algo, key, record = sp.algo, keys[k0 + 1], args[pos + 1]
     -- the reply of one limit, in one allocation; check fills in the decision
     local out = {now, 1, 0, 0, 0, 0, 0}
-    local ok, s1, s2, s3, s4
-    if algo.lone and record == '' and cost > 0 then
-      ok = algo.lone(key, now, cost, sp, out, 2, args[a0 + 2])
-    else
-      ok, s1, s2, s3, s4 = algo.check(key, now, cost, sp, record, out, 2)
-      if ok then algo.commit(key, now, cost, sp, record, s1, s2, s3, s4) end
-    end
+    local ok, s1, s2, s3, s4 = algo.check(key, now, cost, sp, record, out, 2)
+    if ok then algo.commit(key, now, cost, sp, record, s1, s2, s3, s4) end
     if not ok and not sp.shadow then
       out[2] = 0
     end
