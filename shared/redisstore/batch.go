@@ -267,9 +267,9 @@ func (b *batcher) flushNode(batch []*call) {
 	var counting, scripted []*call
 	for _, cl := range batch {
 		if s.counts(cl.check) {
-			cc := newCountCall(ctx, cl.check, s.expireNX.Load())
+			cc := s.newCountCall(ctx, cl.check)
 			counts, counting = append(counts, cc), append(counting, cl)
-			pre = append(pre, cc.incr, cc.expire)
+			pre = append(pre, cc.cmds()...)
 		} else {
 			scripted = append(scripted, cl)
 		}

@@ -89,6 +89,17 @@ func TestFixedWindowCounted(t *testing.T) {
 			if n, err := client.Get(ctx, win).Int64(); err != nil || n != 3 {
 				t.Errorf("count = %d, %v; want 3", n, err)
 			}
+			// A window the store remembers, whose key is gone (a restart, a flush):
+			// the next charge makes it anew and gives it its expiry again.
+			if err := client.Del(ctx, win).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if o := decide(1); !o.Allowed || o.Decisions[0][0].Remaining != 2 {
+				t.Errorf("cost 1 on a window whose key was deleted = %+v; want allowed with 2 remaining", o)
+			}
+			if d := pttl(); d > first {
+				t.Errorf("PTTL after the key came back = %v, up from %v", d, first)
+			}
 		})
 	}
 	// Per clock: the cost-4 request takes the library (a cost above the limit never
@@ -96,8 +107,14 @@ func TestFixedWindowCounted(t *testing.T) {
 	if n := srv.ScriptCalls(t); n != 2 {
 		t.Errorf("library calls = %d, want 2 (the two requests of a cost above the limit)", n)
 	}
-	if n := srv.CommandCalls(t, "incrby"); n != 6 {
-		t.Errorf("INCRBY calls = %d, want 6 (three counted requests per clock)", n)
+	if n := srv.CommandCalls(t, "incrby"); n != 8 {
+		t.Errorf("INCRBY calls = %d, want 8 (four counted requests per clock)", n)
+	}
+	// The window's first charge sends PEXPIREAT; the charges after it, in a window the
+	// store remembers, do not, until the key is found gone.
+	// (PEXPIREAT on the process's clock, PEXPIRE NX on a caller's.)
+	if n := srv.CommandCalls(t, "pexpireat", "pexpire"); n != 4 {
+		t.Errorf("PEXPIREAT and PEXPIRE calls = %d, want 4 (the first charge and the key's return, per clock)", n)
 	}
 	if n := srv.CommandCalls(t, "decrby"); n != 2 {
 		t.Errorf("DECRBY calls = %d, want 2 (one counted denial per clock)", n)

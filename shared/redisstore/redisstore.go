@@ -34,9 +34,8 @@ type Store struct {
 	functions   map[algo.Entry]any
 	scripts     map[algo.Entry]*redis.Script
 	noFunctions atomic.Bool
-	// expireNX is whether the server takes PEXPIRE ... NX (Redis 7 and later; see
-	// count.go), until a server refuses it.
-	expireNX atomic.Bool
+	// windows are the counted fixed windows known to exist with their expiry (count.go).
+	windows windowSet
 	// unreplicated counts the charges answered before the replicas they asked for
 	// acknowledged them (algo.Replicas).
 	unreplicated atomic.Int64
@@ -96,7 +95,6 @@ func NewWithOptions(client redis.UniversalClient, o Options) (*Store, error) {
 	if c, ok := client.(*redis.Client); ok {
 		s.node = c.Options().Addr
 	}
-	s.expireNX.Store(true)
 	s.batch = newBatcher(s, o)
 	s.UseBreakers(breaker.Settings{})
 	return s, nil

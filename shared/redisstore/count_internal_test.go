@@ -1,0 +1,32 @@
+package redisstore
+
+import (
+	"fmt"
+	"testing"
+)
+
+// TestWindowSetBounded fills a windowSet past maxWindows: windows expired by then are
+// forgotten first, and a set of live windows only starts over.
+func TestWindowSetBounded(t *testing.T) {
+	var w windowSet
+	for i := range maxWindows {
+		w.add(fmt.Sprintf("old:%d", i), 100, 0) // expires at 100 µs
+	}
+	if !w.has("old:7", 50) || w.has("old:7", 100) {
+		t.Fatal("a window is known until its expiry, and not at it")
+	}
+	w.add("new", 1000, 200) // full: the expired windows go
+	if n := len(w.expires); n != 1 || !w.has("new", 200) {
+		t.Fatalf("after adding to a full set of expired windows: %d held, new known %v; want 1, true", n, w.has("new", 200))
+	}
+	for i := range maxWindows - 1 {
+		w.add(fmt.Sprintf("live:%d", i), 1000, 200)
+	}
+	if n := len(w.expires); n != maxWindows {
+		t.Fatalf("%d held, want %d", n, maxWindows)
+	}
+	w.add("one-more", 1000, 200) // full of live windows: starts over
+	if n := len(w.expires); n != 1 || !w.has("one-more", 200) || w.has("new", 200) {
+		t.Fatalf("after adding to a full set of live windows: %d held; want only the new one", n)
+	}
+}
