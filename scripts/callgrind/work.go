@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,6 +33,11 @@ const refLibrary = "#!lua name=tollgate_callgrind\nredis.register_function('call
 const batchSize = 64
 
 func setup(ctx context.Context, cluster bool, idle time.Duration) (e *env, err error) {
+	for _, tool := range []string{"valgrind", "callgrind_control"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("%s not found: install valgrind (apt-get install valgrind)", tool)
+		}
+	}
 	e = &env{}
 	defer func() {
 		if err != nil {
