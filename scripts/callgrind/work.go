@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -194,6 +195,8 @@ func (e *env) workload(row, col string, n int) (workload, error) {
 	case "lone":
 		w.run = decider(e.lone, checks, 1, true)
 	case "batch":
+		w.run = many(e.lone, checks)
+	case "batched":
 		w.run = decider(e.batch, checks, batchSize, true)
 	case "two":
 		for i := range checks {
@@ -288,6 +291,42 @@ func decider(s *redisstore.Store, checks []algo.Check, workers int, allowed bool
 		}
 		wg.Wait()
 		return int(made.Load()), errors.Join(errs...)
+	}
+}
+
+// many returns a run that decides the checks batchSize at a time, each batch in one
+// call of the library's many entry on s's client, as a batching store sends a full
+// batch (algo.ManyCall), and requires every request to be allowed.
+func many(s *redisstore.Store, checks []algo.Check) func(context.Context) (int, error) {
+	fn := algo.Lua().Function(algo.EntryMany)
+	return func(ctx context.Context) (int, error) {
+		made := 0
+		for batch := range slices.Chunk(checks, batchSize) {
+			now := time.Now().UnixMicro()
+			for i := range batch {
+				batch[i] = batch[i].AtWindows(now) // as Decide does before batching
+			}
+			keys, args := algo.ManyCall(batch)
+			v, err := s.Client().FCall(ctx, fn, keys, args...).Result()
+			if err != nil {
+				return made, err
+			}
+			reps, ok := v.([]any)
+			if !ok || len(reps) != len(batch) {
+				return made, fmt.Errorf("%w: many's reply is %T, want %d replies", errUnexpected, v, len(batch))
+			}
+			for i, r := range reps {
+				rep, err := algo.ParseDecideReply(r, batch[i].Meters)
+				if err == nil && !rep.Allowed {
+					err = fmt.Errorf("%w: %v: denied, want allowed", errUnexpected, batch[i].Keys)
+				}
+				if err != nil {
+					return made, err
+				}
+				made++
+			}
+		}
+		return made, nil
 	}
 }
 
