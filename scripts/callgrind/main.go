@@ -169,7 +169,8 @@ func run(n int, rows, cols []string, idle time.Duration, out string) error {
 				row, col, c.ir/float64(c.made), c.made, 100*share)
 		}
 	}
-	report := table(rows, cols, cells) + "\n" + method(n, rows, cols, e, maxIdle, batchDecisions, batchCalls)
+	report := "# Redis instructions per decision (callgrind)\n\nMade by `make callgrind` (`go -C scripts run ./callgrind`) on " +
+		time.Now().UTC().Format(time.RFC3339) + ".\n\n" + table(rows, cols, cells) + "\n" + method(n, rows, cols, e, maxIdle, batchDecisions, batchCalls)
 	fmt.Print(report)
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
