@@ -118,8 +118,12 @@ func (g *grind) count(ctx context.Context, work func(context.Context) (int, erro
 }
 
 // measureIdle sets g.idle: the instructions per second of the server while nobody
-// sends it anything, over d.
+// sends it anything, over d (0: nothing is subtracted).
 func (g *grind) measureIdle(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		g.idle = 0
+		return nil
+	}
 	c, err := g.count(ctx, func(context.Context) (int, error) {
 		time.Sleep(d)
 		return 0, nil

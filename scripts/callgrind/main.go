@@ -10,7 +10,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -20,8 +19,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-dev/tollgate/scripts/internal/repo"
 	"github.com/tollgate-dev/tollgate/shared/algo"
@@ -66,7 +63,7 @@ func applies(row, p string) bool {
 }
 
 func main() {
-	n := flag.Int("n", 1000, "decisions per cell (each on its own client's keys)")
+	n := flag.Int("n", 1000, "decisions per cell, each on its own client's keys (below 1000, a cell's fixed costs show: ERL's row reads 15,100 at 100, 12,600 at 1000)")
 	rows := flag.String("algorithms", strings.Join(allRows(), ","), "rows: algorithms and the references "+refERL+", "+refFCall)
 	cols := flag.String("paths", strings.Join(pathNames(), ","), "paths (columns)")
 	idle := flag.Duration("idle", 5*time.Second, "how long to measure the idle server's instructions")
@@ -129,53 +126,73 @@ func run(n int, rows, cols []string, idle time.Duration, out string) error {
 	}
 	defer e.close()
 	cells := map[[2]string]float64{}
-	var batchDecisions, batchCalls, maxIdle float64
+	var t tally
 	for _, row := range rows {
 		for _, col := range cols {
 			if !applies(row, col) {
 				continue
 			}
-			w, err := e.workload(row, col, n)
-			if err != nil {
-				return err
-			}
-			if err := e.awayFromEdge(ctx); err != nil {
-				return err
-			}
-			if _, err := w.run(ctx); err != nil { // warm-up
-				return fmt.Errorf("%s/%s: warm-up: %w", row, col, err)
-			}
-			before, err := redisinfo.Read(ctx, w.g.client)
-			if err != nil {
-				return err
-			}
-			c, err := w.g.count(ctx, w.run)
+			v, err := t.cell(ctx, e, row, col, n)
 			if err != nil {
 				return fmt.Errorf("%s/%s: %w", row, col, err)
 			}
-			after, err := redisinfo.Read(ctx, w.g.client)
-			if err != nil {
-				return err
-			}
-			if col == "batched" {
-				fcall := func(name string) bool { return name == "fcall" || name == "evalsha" }
-				batchDecisions += float64(c.made)
-				batchCalls += after.Sum(fcall).Calls - before.Sum(fcall).Calls
-			}
-			cells[[2]string{row, col}] = c.ir / float64(c.made)
-			share := c.idle / (c.ir + c.idle)
-			maxIdle = max(maxIdle, share)
-			fmt.Fprintf(os.Stderr, "%-16s %-8s %9.0f instructions per decision (%d decisions; idle %.1f%% of the count, subtracted)\n",
-				row, col, c.ir/float64(c.made), c.made, 100*share)
+			cells[[2]string{row, col}] = v
 		}
 	}
 	report := "# Redis instructions per decision (callgrind)\n\nMade by `make callgrind` (`go -C scripts run ./callgrind`) on " +
-		time.Now().UTC().Format(time.RFC3339) + ".\n\n" + table(rows, cols, cells) + "\n" + method(n, rows, cols, e, maxIdle, batchDecisions, batchCalls)
+		time.Now().UTC().Format(time.RFC3339) + ".\n\n" + table(rows, cols, cells) + "\n" + method(n, rows, cols, e, t)
 	fmt.Print(report)
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
 	return os.WriteFile(out, []byte(report), 0o644)
+}
+
+// A tally keeps, across the cells, what the report says of them all.
+type tally struct {
+	// maxIdle is the largest share of a cell's count that was the idle server's.
+	maxIdle float64
+	// batchDecisions and batchCalls are the decisions and the FCALLs of the
+	// batching store's cells.
+	batchDecisions, batchCalls float64
+}
+
+// cell measures row on path col: a warm-up, then n requests counted. It returns the
+// instructions per decision.
+func (t *tally) cell(ctx context.Context, e *env, row, col string, n int) (float64, error) {
+	w, err := e.workload(ctx, row, col, n)
+	if err != nil {
+		return 0, err
+	}
+	if err := e.awayFromEdge(ctx); err != nil {
+		return 0, err
+	}
+	if _, err := w.run(ctx); err != nil {
+		return 0, fmt.Errorf("warm-up: %w", err)
+	}
+	before, err := redisinfo.Read(ctx, w.g.client)
+	if err != nil {
+		return 0, err
+	}
+	c, err := w.g.count(ctx, w.run)
+	if err != nil {
+		return 0, err
+	}
+	after, err := redisinfo.Read(ctx, w.g.client)
+	if err != nil {
+		return 0, err
+	}
+	if col == "batched" {
+		fcall := func(name string) bool { return name == "fcall" || name == "evalsha" }
+		t.batchDecisions += float64(c.made)
+		t.batchCalls += after.Sum(fcall).Calls - before.Sum(fcall).Calls
+	}
+	share := c.idle / (c.ir + c.idle)
+	t.maxIdle = max(t.maxIdle, share)
+	perDecision := c.ir / float64(c.made)
+	fmt.Fprintf(os.Stderr, "%-16s %-8s %9.0f instructions per decision (%d decisions; idle %.1f%% of the count, subtracted)\n",
+		row, col, perDecision, c.made, 100*share)
+	return perDecision, nil
 }
 
 // table is the markdown table of the cells, in instructions per decision rounded to 100.
@@ -211,7 +228,7 @@ func table(rows, cols []string, cells map[[2]string]float64) string {
 }
 
 // method says how the table was measured.
-func method(n int, rows, cols []string, e *env, maxIdle, batchDecisions, batchCalls float64) string {
+func method(n int, rows, cols []string, e *env, t tally) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Redis's instructions (callgrind's Ir) per decision: %s under %s --tool=callgrind, on loopback. "+
 		"Each cell is a warm-up of the same requests, then N = %d requests on existing keys of distinct clients "+
@@ -221,15 +238,15 @@ func method(n int, rows, cols []string, e *env, maxIdle, batchDecisions, batchCa
 	if e.cluster != nil {
 		fmt.Fprintf(&b, "; %s in the single-node cluster", thousands(int64(e.cluster.idle)))
 	}
-	fmt.Fprintf(&b, "; at most %.1f%% of a cell's count)", 100*maxIdle)
+	fmt.Fprintf(&b, "; at most %.1f%% of a cell's count)", 100*t.maxIdle)
 	b.WriteString(". Limits are per hour, far above what a run sends, except where a denial is measured.\n\n")
 	for _, p := range paths {
 		if !slices.Contains(cols, p.name) {
 			continue
 		}
 		fmt.Fprintf(&b, "- %s: %s", p.title, p.doc)
-		if p.name == "batched" && batchCalls > 0 {
-			fmt.Fprintf(&b, " Its batches averaged %.1f requests per FCALL here: they form from timing, so this column moves with the machine's load where the others do not.", batchDecisions/batchCalls)
+		if p.name == "batched" && t.batchCalls > 0 {
+			fmt.Fprintf(&b, " Its batches averaged %.1f requests per FCALL here: they form from timing, so this column moves with the machine's load where the others do not.", t.batchDecisions/t.batchCalls)
 		}
 		b.WriteString("\n")
 	}
@@ -264,19 +281,4 @@ func thousands(n int64) string {
 		s = "-" + s
 	}
 	return s
-}
-
-var errUnexpected = errors.New("unexpected outcome")
-
-// must is a redis client call's error, for the reference rows.
-func must(cmds []redis.Cmder, err error) error {
-	if err != nil {
-		return err
-	}
-	for _, c := range cmds {
-		if c.Err() != nil {
-			return c.Err()
-		}
-	}
-	return nil
 }

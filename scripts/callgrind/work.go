@@ -150,14 +150,13 @@ type workload struct {
 
 // workload returns the workload of row on path col, on n clients. A workload that
 // measures a denial first exhausts its clients' limits.
-func (e *env) workload(row, col string, n int) (workload, error) {
-	ctx := context.Background()
+func (e *env) workload(ctx context.Context, row, col string, n int) (workload, error) {
 	switch row {
 	case refERL:
 		keys := refKeys("erl", n)
 		return workload{e.std, func(ctx context.Context) (int, error) {
 			for _, k := range keys {
-				if err := must(e.std.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+				if err := pipelineErr(e.std.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 					p.IncrBy(ctx, k, 1)
 					p.Expire(ctx, k, time.Hour)
 					return nil
@@ -334,4 +333,19 @@ func decideOne(ctx context.Context, s *redisstore.Store, c algo.Check) (algo.Out
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	return s.Decide(ctx, c)
+}
+
+var errUnexpected = errors.New("unexpected outcome")
+
+// pipelineErr is the first error of a pipeline's commands, or of the pipeline.
+func pipelineErr(cmds []redis.Cmder, err error) error {
+	if err != nil {
+		return err
+	}
+	for _, c := range cmds {
+		if c.Err() != nil {
+			return c.Err()
+		}
+	}
+	return nil
 }
