@@ -6,7 +6,7 @@ GO ?= go
 POLICY ?= lambda/policy.yaml
 .DEFAULT_GOAL := help
 
-.PHONY: help all run demo test test-go deps wasm-check lint fmt tf-check bench bench-core bench-erl bench-filter package invoke wasm soak image
+.PHONY: help all run demo test test-go deps wasm-check lint fmt tf-check bench bench-core bench-erl bench-filter callgrind package invoke wasm soak image
 
 ## help: list the targets (the default target)
 help:
@@ -76,6 +76,10 @@ bench:
 ## bench-erl: tollgate's gRPC service beside envoyproxy/ratelimit (built from the module proxy) on one redis-server; report in dist/bench/erl.md
 bench-erl: deps
 	$(GO) -C scripts run ./bench-erl $(BENCH_ERL_FLAGS)
+
+## callgrind: Redis's instructions per decision under valgrind --tool=callgrind, for every algorithm and path (lone, batch, two meters, denied, refund, settle); table in dist/bench/callgrind.md (flags: make callgrind CALLGRIND_FLAGS='-n 200 -algorithms gcra')
+callgrind: deps
+	$(GO) -C scripts run ./callgrind $(CALLGRIND_FLAGS)
 
 ## soak: the decision service under mixed load for SOAK_DURATION (default 10m), a policy reload and a Redis restart in the middle; report in docs/soak/report.md (not part of make test)
 SOAK_DURATION ?= 10m

@@ -1,5 +1,6 @@
-// Package redisproc runs redis-server processes on loopback for the bench and the
-// soak: started on a free port without persistence, restarted on the same port.
+// Package redisproc runs redis-server processes on loopback for the bench, the soak
+// and the callgrind measurement: started on a free port without persistence (under a
+// wrapper such as valgrind, when asked), restarted on the same port.
 package redisproc
 
 import (
@@ -9,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -26,11 +28,33 @@ type Server struct {
 
 	path string
 	port int
+	opts Options
+}
+
+// Options change how Start runs the server. The zero value runs redis-server itself
+// and waits 5s for it.
+type Options struct {
+	// Wrap is a command that runs redis-server, with its arguments (e.g. valgrind
+	// --tool=callgrind): the server is started as Wrap followed by its own command.
+	Wrap []string
+	// Args are more redis-server arguments (e.g. --cluster-enabled yes).
+	Args []string
+	// Ready is how long the server may take to answer its first PING (default 5s; a
+	// server under valgrind needs far longer).
+	Ready time.Duration
 }
 
 // Start starts binary on a free loopback port, without persistence, in a temporary
 // directory, and waits until it answers PING.
 func Start(ctx context.Context, binary string) (*Server, error) {
+	return StartWith(ctx, binary, Options{})
+}
+
+// StartWith starts binary as Start does, with o.
+func StartWith(ctx context.Context, binary string, o Options) (*Server, error) {
+	if o.Ready <= 0 {
+		o.Ready = 5 * time.Second
+	}
 	path, err := exec.LookPath(binary)
 	if err != nil {
 		return nil, fmt.Errorf("redisproc: %s not found; install it (apt-get install redis-server) or set REDIS_URL", binary)
@@ -46,7 +70,7 @@ func Start(ctx context.Context, binary string) (*Server, error) {
 			lastErr = err
 			continue
 		}
-		s := &Server{URL: "redis://127.0.0.1:" + strconv.Itoa(port), dir: dir, path: path, port: port}
+		s := &Server{URL: "redis://127.0.0.1:" + strconv.Itoa(port), dir: dir, path: path, port: port, opts: o}
 		if err := s.spawn(ctx); err != nil {
 			lastErr = err
 			continue
@@ -59,12 +83,14 @@ func Start(ctx context.Context, binary string) (*Server, error) {
 
 // spawn starts the process on s's port and waits until it answers.
 func (s *Server) spawn(ctx context.Context) error {
-	cmd := exec.Command(s.path, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+	args := append([]string{s.path, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir, "--protected-mode", "yes",
-		"--logfile", s.dir+"/redis.log")
+		"--logfile", s.dir + "/redis.log"}, s.opts.Args...)
+	args = append(slices.Clone(s.opts.Wrap), args...)
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.SysProcAttr = procAttr()
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("redisproc: start %s: %w", s.path, err)
+		return fmt.Errorf("redisproc: start %s: %w", args[0], err)
 	}
 	s.cmd, s.done = cmd, make(chan struct{})
 	go func() { _ = cmd.Wait(); close(s.done) }()
@@ -74,6 +100,13 @@ func (s *Server) spawn(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Pid returns the server's process id (the wrapper's, which is the server's under
+// valgrind: valgrind runs the program in its own process).
+func (s *Server) Pid() int { return s.cmd.Process.Pid }
+
+// Dir returns the server's working directory (its --dir), which Stop removes.
+func (s *Server) Dir() string { return s.dir }
 
 // Restart kills the server (SIGKILL: its data is lost) and starts it again on the
 // same port.
@@ -85,7 +118,7 @@ func (s *Server) Restart(ctx context.Context) error {
 func (s *Server) waitReady(ctx context.Context) error {
 	c := redis.NewClient(&redis.Options{Addr: strings.TrimPrefix(s.URL, "redis://"), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	defer c.Close()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(s.opts.Ready)
 	for {
 		select {
 		case <-s.done:
