@@ -191,7 +191,9 @@ func (w *windowSet) has(key string, now int64) bool {
 }
 
 // add remembers the window key until it expires at exp. A full set first forgets
-// the windows that have expired by now, and everything when none has.
+// the windows that have expired by now, and everything when that frees less than a
+// quarter of it: each pass over the set then makes room for a quarter of it at least,
+// so a set that stays full costs its adds a few steps each, not a pass each.
 func (w *windowSet) add(key string, exp, now int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -200,7 +202,7 @@ func (w *windowSet) add(key string, exp, now int64) {
 	}
 	if _, ok := w.expires[key]; !ok && len(w.expires) >= maxWindows {
 		maps.DeleteFunc(w.expires, func(_ string, e int64) bool { return e <= now })
-		if len(w.expires) >= maxWindows {
+		if len(w.expires) > maxWindows/4*3 {
 			clear(w.expires)
 		}
 	}

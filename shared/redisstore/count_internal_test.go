@@ -29,4 +29,17 @@ func TestWindowSetBounded(t *testing.T) {
 	if n := len(w.expires); n != 1 || !w.has("one-more", 200) || w.has("new", 200) {
 		t.Fatalf("after adding to a full set of live windows: %d held; want only the new one", n)
 	}
+	// Full, with a few windows expired: forgetting those would free too little room.
+	clear(w.expires)
+	for i := range maxWindows {
+		exp := int64(1000)
+		if i < 10 {
+			exp = 100
+		}
+		w.add(fmt.Sprintf("mixed:%d", i), exp, 0)
+	}
+	w.add("last", 1000, 200)
+	if n := len(w.expires); n != 1 {
+		t.Fatalf("after adding to a full set with 10 expired windows: %d held; want 1 (started over)", n)
+	}
 }
