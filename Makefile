@@ -88,7 +88,7 @@ soak: deps
 
 ## bench-core: the benchmarks that guard the core's speed tricks (named in their comments), 200 times each, so they keep running in CI
 bench-core:
-	$(GO) test -run '^$$' -bench 'BenchmarkDecide$$|BenchmarkScriptCost$$|BenchmarkCheck$$|BenchmarkMatch$$|BenchmarkHeaders$$|BenchmarkHandlerInProcess$$|BenchmarkShouldRateLimit$$' -benchtime 200x ./shared/redisstore/ ./shared/engine/ ./shared/policy/ ./shared/algo/ ./shared/decision/ ./shared/rls/
+	$(GO) test -run '^$$' -bench 'BenchmarkDecide$$|BenchmarkScriptCost$$|BenchmarkCounted$$|BenchmarkCheck$$|BenchmarkMatch$$|BenchmarkHeaders$$|BenchmarkHandlerInProcess$$|BenchmarkShouldRateLimit$$' -benchtime 200x ./shared/redisstore/ ./shared/engine/ ./shared/policy/ ./shared/algo/ ./shared/decision/ ./shared/rls/
 
 ## bench-filter: the Envoy filter's benchmarks, 100 times each, so they keep running (figures: make bench)
 bench-filter:

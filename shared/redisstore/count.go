@@ -32,7 +32,8 @@ import (
 // to it instead, PEXPIRE ... NX, as the library gives it.)
 //
 // A window is remembered (windowSet) once its key is known to have its expiry; later
-// requests in it send INCRBY alone. When that INCRBY answers its own cost, the key was
+// requests in it send INCRBY alone (BenchmarkCounted, which make bench-core runs,
+// reports the commands per decision). When that INCRBY answers its own cost, the key was
 // gone (a restart, a flush, an eviction) and INCRBY made it anew: its expiry follows
 // in a second round trip.
 //
