@@ -43,6 +43,7 @@ type path struct {
 
 var paths = []path{
 	{"lone", "lone", "one limit, a store without batching, one request at a time."},
+	{"new", "lone, new key", "as lone, but each request on a key no request used before: a window's first request (ERL's row: INCRBY + EXPIRE on a new key)."},
 	{"batch", "batch of 64", "64 requests of one limit in one call of the library's many entry, as a batching store sends a full batch (algo.ManyCall); per request."},
 	{"batched", "batching store", "a store that batches (its default wait, MaxBatch 64) driven by 64 goroutines, one limit per request; per decision made."},
 	{"two", "two meters", "two limits in one request, all-or-nothing (checked, then charged), per request."},
@@ -54,7 +55,9 @@ var paths = []path{
 // applies reports whether the row has a cell on path p.
 func applies(row, p string) bool {
 	switch {
-	case row == refERL || row == refFCall:
+	case row == refERL:
+		return p == "lone" || p == "new"
+	case row == refFCall:
 		return p == "lone"
 	case p == "settle":
 		return algo.Algorithm(row).CanSettle()
@@ -182,8 +185,9 @@ func (t *tally) cell(ctx context.Context, e *env, row, col string, n int) (float
 	if err != nil {
 		return 0, err
 	}
-	if col == "batched" {
-		fcall := func(name string) bool { return name == "fcall" || name == "evalsha" }
+	if fcall := func(name string) bool { return name == "fcall" || name == "evalsha" }; col == "batched" && after.Sum(fcall).Calls > before.Sum(fcall).Calls {
+		// only the rows whose batches are calls of the library (a one-limit
+		// fixed_window request is counted with no script)
 		t.batchDecisions += float64(c.made)
 		t.batchCalls += after.Sum(fcall).Calls - before.Sum(fcall).Calls
 	}

@@ -153,8 +153,12 @@ type workload struct {
 func (e *env) workload(ctx context.Context, row, col string, n int) (workload, error) {
 	switch row {
 	case refERL:
-		keys := refKeys("erl", n)
+		keys, round := refKeys("erl", n), 0
 		return workload{e.std, func(ctx context.Context) (int, error) {
+			if col == "new" { // keys no round used before
+				round++
+				keys = refKeys(fmt.Sprintf("erl-new-%d", round), n)
+			}
 			for _, k := range keys {
 				if err := pipelineErr(e.std.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 					p.IncrBy(ctx, k, 1)
@@ -193,6 +197,15 @@ func (e *env) workload(ctx context.Context, row, col string, n int) (workload, e
 	switch col {
 	case "lone":
 		w.run = decider(e.lone, checks, 1, true)
+	case "new":
+		round := 0
+		w.run = func(ctx context.Context) (int, error) {
+			round++ // keys no round used before
+			for i := range checks {
+				checks[i].Keys = []string{key(i, fmt.Sprintf("-new%d", round))}
+			}
+			return decider(e.lone, checks, 1, true)(ctx)
+		}
 	case "batch":
 		w.run = many(e.lone, checks)
 	case "batched":

@@ -263,13 +263,10 @@ func (b *batcher) flushNode(batch []*call) {
 	defer cancel()
 	s := b.store
 	var counts []*countCall
-	var pre []redis.Cmder
 	var counting, scripted []*call
 	for _, cl := range batch {
 		if s.counts(cl.check) {
-			cc := s.newCountCall(ctx, cl.check)
-			counts, counting = append(counts, cc), append(counting, cl)
-			pre = append(pre, cc.cmds()...)
+			counts, counting = append(counts, s.newCountCall(ctx, cl.check)), append(counting, cl)
 		} else {
 			scripted = append(scripted, cl)
 		}
@@ -288,7 +285,7 @@ func (b *batcher) flushNode(batch []*call) {
 			calls = append(calls, decideCall(cl.check, false))
 		}
 	}
-	s.execWith(ctx, pre, calls)
+	s.sendCounts(ctx, counts, func(pre []redis.Cmder) { s.execWith(ctx, pre, calls) })
 	if many {
 		answerMany(calls[0], scripted)
 	} else {
@@ -296,10 +293,25 @@ func (b *batcher) flushNode(batch []*call) {
 			answer(cl, func() (algo.Reply, error) { return calls[i].answer(cl.check) })
 		}
 	}
+	// A counted request is answered at once, unless its second round trip gives back
+	// its units (a denial) or sets its key's expiry: then after it.
+	var more []redis.Cmder
+	waiting := make([]bool, len(counts))
 	reps, errs := make([]algo.Reply, len(counts)), make([]error, len(counts))
-	s.counted(ctx, counts, reps, errs)
+	for i, cc := range counts {
+		var m []redis.Cmder
+		reps[i], m, errs[i] = cc.answer(ctx)
+		s.remember(cc)
+		if waiting[i] = len(m) > 0; !waiting[i] {
+			answer(counting[i], func() (algo.Reply, error) { return reps[i], errs[i] })
+		}
+		more = append(more, m...)
+	}
+	s.followUp(ctx, more)
 	for i, cl := range counting {
-		answer(cl, func() (algo.Reply, error) { return reps[i], errs[i] })
+		if waiting[i] {
+			answer(cl, func() (algo.Reply, error) { return reps[i], errs[i] })
+		}
 	}
 }
 

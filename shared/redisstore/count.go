@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"sync"
 	"time"
@@ -52,54 +53,86 @@ import (
 
 // counts reports whether c is decided by counting (see above).
 func (s *Store) counts(c algo.Check) bool {
-	if len(c.Meters) != 1 || c.Cost <= 0 || c.Settle {
+	if len(c.Meters) != 1 || c.Cost <= 0 || c.Settle || s.clockOff.Load() {
 		return false
 	}
 	m := c.Meters[0]
 	// A cost above the limit can never be admitted: the library answers it without
 	// creating the window's key. Every other denial finds the key made by an earlier
-	// charge (the first INCRBY of a window always admits), so a DECRBY never leaves
-	// behind a key that would not have existed.
+	// charge (the first INCRBY of a window always admits). A period under a
+	// millisecond is no window (the library refuses it).
 	return len(m.Limits) == 1 && m.Limits[0].Algorithm == algo.FixedWindow && c.Cost <= m.Limits[0].Count &&
-		m.Record == "" && m.Replicas.Count == 0
+		m.Limits[0].Period >= time.Millisecond && m.Record == "" && m.Replicas.Count == 0
 }
 
 // ttlSlack is added to a counted window's expiry: another instance's clock may run
 // behind this one's, and the key must outlive the window by that instance's clock too.
 const ttlSlack = time.Second
 
-// A countCall is one request decided by counting.
+// maxClockOffset is the most this process's clock may differ from the Redis server's
+// for the store to count windows on it (checkClock); half the slack, so that a key
+// outlives its window by both clocks.
+const maxClockOffset = ttlSlack / 2
+
+// checkClock compares this process's clock with the server's TIME (the midpoint of
+// the round trip) and turns counting off while they differ by more than
+// maxClockOffset: windows then take the library, on the server's clock. Preload runs
+// it. It returns the offset (the server's clock minus this one's).
+func (s *Store) checkClock(ctx context.Context) (time.Duration, error) {
+	before := time.Now()
+	server, err := s.serverMicros(ctx)
+	if err != nil {
+		return 0, err
+	}
+	mid := before.Add(time.Since(before) / 2)
+	off := time.UnixMicro(server).Sub(mid)
+	s.clockOff.Store(off > maxClockOffset || off < -maxClockOffset)
+	return off, nil
+}
+
+// A countCall is one request decided by counting. It keeps what it needs of the
+// check: the caller may reuse the check's slices once Decide returns, which a call
+// whose caller gave up outlives.
 type countCall struct {
-	check  algo.Check
-	key    string // the window's key
-	now    int64  // Unix µs: the caller's clock
-	expiry int64  // the key's expiry, Unix ms
-	known  bool   // the window is in the store's windowSet: no PEXPIREAT is sent
-	incr   *redis.IntCmd
-	expire *redis.BoolCmd // nil when known
+	limit    algo.Limit
+	shadow   bool
+	cost     int64
+	callerAt bool   // the caller passed its own time
+	key      string // the window's key
+	now      int64  // Unix µs: the caller's clock
+	expiry   int64  // the key's expiry, Unix ms
+	known    bool   // the window is in the store's windowSet: no PEXPIREAT is sent
+	incr     *redis.IntCmd
+	expire   *redis.BoolCmd // nil when known
 }
 
 // newCountCall returns the call for c, which counts (Store.counts).
 func (s *Store) newCountCall(ctx context.Context, c algo.Check) *countCall {
 	now := nowOr(c.NowMicros)
-	key, end := c.Meters[0].Limits[0].WindowKey(c.Keys[0], now)
-	cc := &countCall{check: c, key: key, now: now, expiry: (end + ttlSlack.Microseconds() + 999) / 1000}
+	l := c.Meters[0].Limits[0]
+	key, end := l.WindowKey(c.Keys[0], now)
+	cc := &countCall{limit: l, shadow: c.Meters[0].Shadow, cost: c.Cost, callerAt: c.NowMicros != 0,
+		key: key, now: now, expiry: (end + ttlSlack.Microseconds() + 999) / 1000}
 	cc.incr = redis.NewIntCmd(ctx, "incrby", key, c.Cost)
 	if cc.known = s.windows.has(key, now); !cc.known {
-		cc.expire = cc.expireCmd(ctx)
+		cc.expire = cc.expireCmd(ctx, true)
 	}
 	return cc
 }
 
-// expireCmd sets the expiry of cc's key: PEXPIREAT on this process's clock (the
-// same instant from every request of the window); when the caller passed its own
-// time, which need not be the wall clock's, relative to it, set by the window's first
-// request only (PEXPIRE ... NX, Redis 7 and later).
-func (cc *countCall) expireCmd(ctx context.Context) *redis.BoolCmd {
-	if cc.check.NowMicros == 0 {
+// expireCmd sets the expiry of cc's key: PEXPIREAT on this process's clock (the same
+// instant from every request of the window); when the caller passed its own time,
+// which need not be the wall clock's, relative to it, and with nx set only by the
+// window's first request (PEXPIRE ... NX; a server before Redis 7 refuses NX, and
+// the second round trip sends it without).
+func (cc *countCall) expireCmd(ctx context.Context, nx bool) *redis.BoolCmd {
+	switch {
+	case !cc.callerAt:
 		return redis.NewBoolCmd(ctx, "pexpireat", cc.key, cc.expiry)
+	case nx:
+		return redis.NewBoolCmd(ctx, "pexpire", cc.key, cc.expiry-cc.now/1000, "nx")
 	}
-	return redis.NewBoolCmd(ctx, "pexpire", cc.key, cc.expiry-cc.now/1000, "nx")
+	return redis.NewBoolCmd(ctx, "pexpire", cc.key, cc.expiry-cc.now/1000)
 }
 
 // cmds returns the commands of cc's first round trip.
@@ -110,57 +143,101 @@ func (cc *countCall) cmds() []redis.Cmder {
 	return []redis.Cmder{cc.incr, cc.expire}
 }
 
-// answer is the reply to cc once its commands ran, and whether its units must be
-// given back (a denial). A count that did not run is an error.
-func (cc *countCall) answer() (algo.Reply, bool, error) {
+// answer is the reply to cc once its first round trip ran, and the commands its
+// second must send (none for most): a denial's DECRBY, with the key's expiry (the
+// key may have gone between the two: DECRBY would make it anew, without one); the
+// expiry of a key that may lack it (its PEXPIREAT failed, or a remembered window's
+// INCRBY made the key anew and so answered its own cost). A count that did not run
+// is an error.
+func (cc *countCall) answer(ctx context.Context) (algo.Reply, []redis.Cmder, error) {
 	n, err := cc.incr.Result()
 	if err != nil {
-		return algo.Reply{}, false, runError(cc.check, err)
+		return algo.Reply{}, nil, fmt.Errorf("redisstore: decide %q: %w", cc.key, err)
 	}
-	m := cc.check.Meters[0]
-	d := m.Counted(cc.now, n-cc.check.Cost, cc.check.Cost)
-	rep := algo.Reply{Allowed: d.Allowed || m.Shadow, NowMicros: cc.now, Decisions: [][]algo.Decision{{d}}}
-	return rep, !d.Allowed, nil
+	d := algo.Meter{Limits: []algo.Limit{cc.limit}}.Counted(cc.now, n-cc.cost, cc.cost)
+	rep := algo.Reply{Allowed: d.Allowed || cc.shadow, NowMicros: cc.now, Decisions: [][]algo.Decision{{d}}}
+	var more []redis.Cmder
+	if !d.Allowed {
+		more = append(more, redis.NewIntCmd(ctx, "decrby", cc.key, cc.cost))
+	}
+	switch {
+	case !cc.known && cc.expire.Err() != nil:
+		more = append(more, cc.expireCmd(ctx, false))
+	case cc.known && n == cc.cost, !d.Allowed:
+		more = append(more, cc.expireCmd(ctx, !cc.known || n != cc.cost))
+	}
+	return rep, more, nil
 }
 
-// counted answers the counts in ccs, which ran, each into reps[i] and errs[i]. In one
-// more round trip, a denied request's units are given back, and a key that may lack
-// its expiry (its PEXPIREAT failed, or a remembered window's INCRBY made the key
-// anew) gets it. That round trip runs even when ctx has ended: a denied request must
-// not stay charged.
-func (s *Store) counted(ctx context.Context, ccs []*countCall, reps []algo.Reply, errs []error) {
-	var more []redis.Cmder
-	for i, cc := range ccs {
-		var undo bool
-		reps[i], undo, errs[i] = cc.answer()
-		if errs[i] != nil {
-			continue
-		}
-		if undo {
-			more = append(more, redis.NewIntCmd(ctx, "decrby", cc.key, cc.check.Cost))
-		}
-		switch {
-		case cc.known && cc.incr.Val() == cc.check.Cost, !cc.known && cc.expire.Err() != nil:
-			more = append(more, cc.expireCmd(ctx))
-		case !cc.known:
-			s.windows.add(cc.key, cc.expiry*1000, cc.now)
-		}
+// remember adds cc's window to the store's windowSet once its key is known to have
+// its expiry; a remembered window whose key came back without one is forgotten until
+// a request sets it again.
+func (s *Store) remember(cc *countCall) {
+	switch {
+	case !cc.known && cc.expire.Err() == nil:
+		s.windows.add(cc.key, cc.expiry*1000, cc.now)
+	case cc.known && cc.incr.Err() == nil && cc.incr.Val() == cc.cost:
+		s.windows.forget(cc.key)
 	}
-	if len(more) == 0 {
+}
+
+// followUp sends the second round trip of counted requests, even when ctx has ended:
+// a denied request must not stay charged. A command that fails leaves the units
+// counted (under-admission within the window) or the window unremembered; each is
+// counted in the store's FollowUpsFailed.
+func (s *Store) followUp(ctx context.Context, cmds []redis.Cmder) {
+	if len(cmds) == 0 {
 		return
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	s.pipeline(rctx, more)
+	s.pipeline(rctx, cmds)
+	for _, c := range cmds {
+		if c.Err() != nil {
+			s.followUpsFailed.Add(1)
+		}
+	}
+}
+
+// FollowUpsFailed returns how many commands of counted requests' second round trips
+// failed (a denial's DECRBY, a key's expiry): each leaves a denied request's units
+// counted until its window ends, or a key whose expiry the next request of its window
+// sets.
+func (s *Store) FollowUpsFailed() int64 { return s.followUpsFailed.Load() }
+
+// sendCounts sends the first round trip of ccs with pre (more commands for the same
+// node) and, on a cluster, once more the counts whose slot had moved (MOVED: the
+// command did not run) after learning the new map. Other errors are final: a count
+// that timed out may have run.
+func (s *Store) sendCounts(ctx context.Context, ccs []*countCall, send func(pre []redis.Cmder)) {
+	var pre []redis.Cmder
+	for _, cc := range ccs {
+		pre = append(pre, cc.cmds()...)
+	}
+	send(pre)
+	if s.cc == nil {
+		return
+	}
+	var again []redis.Cmder
+	for _, cc := range ccs {
+		if _, moved := redis.IsMovedError(cc.incr.Err()); moved {
+			again = append(again, cc.cmds()...)
+		}
+	}
+	if len(again) > 0 {
+		s.cc.ReloadState(ctx)
+		s.pipeline(ctx, again)
+	}
 }
 
 // count decides c, which counts, on its own: one round trip, two for a denial.
 func (s *Store) count(ctx context.Context, c algo.Check) (algo.Reply, error) {
 	cc := s.newCountCall(ctx, c)
-	s.pipeline(ctx, cc.cmds())
-	reps, errs := make([]algo.Reply, 1), make([]error, 1)
-	s.counted(ctx, []*countCall{cc}, reps, errs)
-	return reps[0], errs[0]
+	s.sendCounts(ctx, []*countCall{cc}, func(pre []redis.Cmder) { s.pipeline(ctx, pre) })
+	rep, more, err := cc.answer(ctx)
+	s.remember(cc)
+	s.followUp(ctx, more)
+	return rep, err
 }
 
 // decideOne decides c, a request of one node or slot, on its own: by counting when
@@ -181,6 +258,13 @@ const maxWindows = 1 << 16
 type windowSet struct {
 	mu      sync.Mutex
 	expires map[string]int64
+}
+
+// forget drops the window key.
+func (w *windowSet) forget(key string) {
+	w.mu.Lock()
+	delete(w.expires, key)
+	w.mu.Unlock()
 }
 
 // has reports whether the window key is known at now.

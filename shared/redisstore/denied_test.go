@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -51,6 +52,46 @@ func TestDeniedChargesNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// (not closed: it shares the client, which the server's helper closes)
+		t.Run(top.name+"/mixed batch", func(t *testing.T) {
+			// Counted fixed_window requests and the library's gcra ones in the same
+			// batches, all denied.
+			var checks []algo.Check
+			var before []map[string]keyState
+			for _, a := range []algo.Algorithm{algo.FixedWindow, algo.GCRA} {
+				key := algo.Key("denied:", "mixed-"+string(a), "r", "", "0")
+				c := algo.Check{Keys: []string{key}, Meters: []algo.Meter{meterOf(a, 2, time.Hour)}, Cost: 1}
+				for range 2 {
+					if o, err := alone.Decide(ctx, c); err != nil || !o.Allowed {
+						t.Fatalf("%s: allowed %v, %v; want allowed", a, o.Allowed, err)
+					}
+				}
+				checks = append(checks, c)
+				before = append(before, snapshot(t, top.node(key), key))
+			}
+			var wg sync.WaitGroup
+			var denied, ran atomic.Int64
+			for i := range 64 {
+				wg.Go(func() {
+					o, err := batching.Decide(ctx, checks[i%2])
+					if err == nil {
+						ran.Add(1)
+						if !o.Allowed {
+							denied.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if ran.Load() != 64 || denied.Load() != 64 {
+				t.Fatalf("%d of 64 requests answered, %d denied; want 64 and 64", ran.Load(), denied.Load())
+			}
+			for i, c := range checks {
+				if d := diffSnapshots(before[i], snapshot(t, top.node(c.Keys[0]), c.Keys[0])); d != "" {
+					t.Errorf("%s: 32 denied requests in mixed batches changed the meter's keys:%s", c.Meters[0].Algorithm(), d)
+				}
+			}
+		})
 		for _, a := range algo.Algorithms {
 			for _, clock := range []string{"process", "caller"} {
 				t.Run(fmt.Sprintf("%s/%s/%s", top.name, a, clock), func(t *testing.T) {

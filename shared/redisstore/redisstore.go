@@ -34,8 +34,12 @@ type Store struct {
 	functions   map[algo.Entry]any
 	scripts     map[algo.Entry]*redis.Script
 	noFunctions atomic.Bool
-	// windows are the counted fixed windows known to exist with their expiry (count.go).
-	windows windowSet
+	// windows are the counted fixed windows known to exist with their expiry; clockOff
+	// turns counting off while this process's clock is too far from the server's;
+	// followUpsFailed counts the second round trips' commands that failed (count.go).
+	windows         windowSet
+	clockOff        atomic.Bool
+	followUpsFailed atomic.Int64
 	// unreplicated counts the charges answered before the replicas they asked for
 	// acknowledged them (algo.Replicas).
 	unreplicated atomic.Int64

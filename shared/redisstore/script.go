@@ -263,9 +263,13 @@ func unknownCommand(err error) bool {
 }
 
 // Preload loads the library on every node (every master of a cluster), so the first
-// decisions need no second round trip. Decisions load it by themselves on a node that
+// decisions need no second round trip, and compares this process's clock with the
+// server's (checkClock). Decisions load it by themselves on a node that
 // lacks it; Preload also tells a store whose server cannot run it.
 func (s *Store) Preload(ctx context.Context) error {
+	if _, err := s.checkClock(ctx); err != nil {
+		return fmt.Errorf("redisstore: compare the clocks: %w", err)
+	}
 	if s.cc == nil {
 		return s.load(ctx, s.client)
 	}
