@@ -1,7 +1,9 @@
 // Package redisstore decides tollgate's meters on Redis: standalone, Sentinel or
-// Cluster, through go-redis v9. Every request is one FCALL of tollgate's Lua library
+// Cluster, through go-redis v9. A request of one fixed_window limit is counted with
+// no script (count.go); every other request is one FCALL of tollgate's Lua library
 // (EVALSHA of the same source where the server has no Redis Functions) per cluster
-// slot it touches; go-redis retries are off, because a retried call could charge twice.
+// slot it touches. go-redis retries are off, because a retried call could charge
+// twice.
 package redisstore
 
 import (
