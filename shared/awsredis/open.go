@@ -50,6 +50,9 @@ func OpenStore(ctx context.Context, rc redisstore.Config, auth Auth, log *slog.L
 	if err := st.Preload(pctx); err != nil {
 		log.Warn("cannot preload the scripts; the failure mode decides until Redis answers",
 			"redis", redisstore.Redact(rc.URL), "err", err)
+	} else if off, counting := st.ClockOffset(); !counting {
+		log.Warn("this clock and the Redis server's differ by more than half a second; fixed_window limits are decided by the script on the server's clock (keep the clocks in sync with NTP)",
+			"redis", redisstore.Redact(rc.URL), "offset", off)
 	}
 	return st, nil
 }

@@ -87,7 +87,15 @@ func (s *Store) checkClock(ctx context.Context) (time.Duration, error) {
 	mid := before.Add(time.Since(before) / 2)
 	off := time.UnixMicro(server).Sub(mid)
 	s.clockOff.Store(off > maxClockOffset || off < -maxClockOffset)
+	s.clockOffset.Store(int64(off))
 	return off, nil
+}
+
+// ClockOffset returns the Redis server's clock minus this process's, as the last
+// Preload measured it, and whether the store counts fixed windows on this process's
+// clock (the offset is within half a second).
+func (s *Store) ClockOffset() (time.Duration, bool) {
+	return time.Duration(s.clockOffset.Load()), !s.clockOff.Load()
 }
 
 // A countCall is one request decided by counting. It keeps what it needs of the

@@ -1,8 +1,13 @@
 package redisstore
 
 import (
+	"context"
 	"fmt"
 	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/shared/algo"
+	"github.com/tollgate-dev/tollgate/shared/redistest"
 )
 
 // TestWindowSetBounded fills a windowSet past maxWindows: windows expired by then are
@@ -41,5 +46,41 @@ func TestWindowSetBounded(t *testing.T) {
 	w.add("last", 1000, 200)
 	if n := len(w.expires); n != 1 {
 		t.Fatalf("after adding to a full set with 10 expired windows: %d held; want 1 (started over)", n)
+	}
+}
+
+// TestClockCheck: Preload measures the offset between this clock and the server's
+// (on one machine, small: counting stays on); a store whose check found them too far
+// apart (clockOff, which checkClock sets past maxClockOffset; a server's TIME cannot be
+// moved to show it) sends one-limit fixed_window requests to the library.
+func TestClockCheck(t *testing.T) {
+	srv := redistest.StartServer(t)
+	s, err := New(srv.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Preload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	off := time.Duration(s.clockOffset.Load())
+	if got, counting := s.ClockOffset(); !counting || got != off || off > maxClockOffset || off < -maxClockOffset {
+		t.Fatalf("one machine's clocks: offset %v (%v), counting %v; want within %v and counting", got, off, counting, maxClockOffset)
+	}
+	m := algo.Meter{Limits: []algo.Limit{{Algorithm: algo.FixedWindow, Count: 5, Period: time.Minute}}}
+	c := algo.Check{Keys: []string{"k"}, Meters: []algo.Meter{m}, Cost: 1}
+	if !s.counts(c) {
+		t.Fatal("a one-limit fixed_window check does not count with the clocks in step")
+	}
+	s.clockOff.Store(true) // what checkClock stores for an offset past maxClockOffset
+	if s.counts(c) {
+		t.Fatal("a store whose clock is off still counts")
+	}
+	out, err := s.Decide(ctx, c)
+	if err != nil || !out.Allowed {
+		t.Fatalf("Decide with counting off = %v, %v; want allowed by the library", out.Allowed, err)
+	}
+	if n := srv.ScriptCalls(t); n != 1 {
+		t.Errorf("library calls = %d, want 1", n)
 	}
 }

@@ -41,6 +41,7 @@ type Store struct {
 	// followUpsFailed counts the second round trips' commands that failed (count.go).
 	windows         windowSet
 	clockOff        atomic.Bool
+	clockOffset     atomic.Int64 // time.Duration
 	followUpsFailed atomic.Int64
 	// unreplicated counts the charges answered before the replicas they asked for
 	// acknowledged them (algo.Replicas).
