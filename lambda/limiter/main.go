@@ -971,6 +971,9 @@ func serveConfig(ctx context.Context, c config, log *slog.Logger) error {
 			}
 		}()
 		defer gs.GracefulStop()
+		// The quota service's streams never end on their own: end them first, so
+		// that the graceful stop does not wait for them.
+		defer s.rlqs.Shutdown()
 		log.Info("serving Envoy's RateLimitService and RateLimitQuotaService", "addr", gln.Addr().String())
 	}
 	go func() {

@@ -107,6 +107,9 @@ type Server struct {
 	mu      sync.Mutex
 	shares  map[string]*share
 	buckets int // buckets of every stream
+
+	done chan struct{} // closed by Shutdown
+	stop sync.Once
 }
 
 // New returns a Server for cfg.
@@ -121,6 +124,7 @@ func New(cfg Config) (*Server, error) {
 		clock:   cfg.Clock,
 		metrics: newMetrics(cfg.Registerer),
 		shares:  map[string]*share{},
+		done:    make(chan struct{}),
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -175,25 +179,58 @@ func (s *Server) sweep(ctx context.Context, now time.Time) {
 }
 
 // StreamRateLimitQuotas serves one Envoy's stream: each report is answered at once
-// with the assignments that changed; the start of a window pushes new ones.
+// with the assignments that changed; the start of a window pushes new ones. When the
+// stream ends, what its buckets hold beyond what their Envoy reported and may still
+// admit goes back to the store, and, when Envoy closed the stream itself (its side
+// ended cleanly: it is going away), everything it did not report admitting.
 func (s *Server) StreamRateLimitQuotas(srv grpc.BidiStreamingServer[rlqspb.RateLimitQuotaUsageReports, rlqspb.RateLimitQuotaResponse]) error {
 	st := &stream{s: s, srv: srv, buckets: map[string]*ledger{}, tokens: float64(2 * s.limits.MaxReportRate), last: s.clock()}
 	s.metrics.streams.Inc()
 	defer s.metrics.streams.Dec()
-	defer st.close()
+	ctx := srv.Context()
+	reports := make(chan *rlqspb.RateLimitQuotaUsageReports)
+	ended := make(chan error, 1)
+	go func() {
+		for {
+			r, err := srv.Recv()
+			if err != nil {
+				ended <- err
+				return
+			}
+			select {
+			case reports <- r:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 	for {
-		r, err := srv.Recv()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
+		select {
+		case <-s.done:
+			st.close(false)
+			return status.Error(codes.Unavailable, "rlqs: this instance is shutting down; report to another")
+		case err := <-ended:
+			st.close(err == io.EOF)
+			if err == io.EOF {
+				return nil
+			}
 			return err
-		}
-		if err := st.report(srv.Context(), r); err != nil {
-			s.metrics.rejected.WithLabelValues(status.Code(err).String()).Inc()
-			return err
+		case r := <-reports:
+			if err := st.report(ctx, r); err != nil {
+				s.metrics.rejected.WithLabelValues(status.Code(err).String()).Inc()
+				st.close(false)
+				return err
+			}
 		}
 	}
+}
+
+// Shutdown ends every stream with UNAVAILABLE, so that its Envoy reports to another
+// instance at its next report tick (a gRPC server's graceful stop waits for streams,
+// which Envoy never ends). Grants in force stay charged: their Envoys keep them until
+// they expire. Streams opened afterwards end at once.
+func (s *Server) Shutdown() {
+	s.stop.Do(func() { close(s.done) })
 }
 
 // stream is one Envoy's stream.
@@ -406,8 +443,9 @@ func (st *stream) send(ds []decision) {
 	}
 }
 
-// close gives back what the stream's buckets hold.
-func (st *stream) close() {
+// close gives back what the stream's buckets hold: beyond what their Envoy
+// reported and may still admit, or with all, everything not reported admitted.
+func (st *stream) close(all bool) {
 	st.sendMu.Lock()
 	st.broken = true
 	st.sendMu.Unlock()
@@ -415,7 +453,7 @@ func (st *stream) close() {
 	defer cancel()
 	now := st.s.clock()
 	for _, l := range st.buckets {
-		l.sh.leave(ctx, l, now, true)
+		l.sh.leave(ctx, l, now, all)
 	}
 	st.s.mu.Lock()
 	st.s.buckets -= len(st.buckets)

@@ -471,10 +471,10 @@ func (sh *share) unavailable(l *ledger, now time.Time, err error) decision {
 }
 
 // leave removes ledger l from the share and gives back what it holds of the
-// window's units beyond what its Envoy reported and may still admit, or with all,
-// everything it did not report admitting: its stream ended (Envoy keeps its
-// grant in force until it expires, but reports it on no stream of this one; see
-// docs/rlqs.md), or Envoy was told to abandon the bucket.
+// window's units beyond what its Envoy reported and may still admit (its grant
+// stays charged: the Envoy may spend it until it expires), or with all, everything
+// its Envoy did not report admitting: Envoy closed its stream (it is going away),
+// or was told to abandon the bucket (which erases the grant).
 func (sh *share) leave(ctx context.Context, l *ledger, now time.Time, all bool) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

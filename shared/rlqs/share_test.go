@@ -8,7 +8,10 @@ import (
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/tollgate-dev/tollgate/shared/redistest"
 	"github.com/tollgate-dev/tollgate/shared/rlqs"
 )
 
@@ -241,5 +244,35 @@ rules:
 				}
 			}
 		})
+	}
+}
+
+// TestBrokenStreamKeepsGrant breaks a stream that holds a fresh grant (the client
+// goes away without closing its side): its Envoy may still spend the grant until it
+// expires, so its units stay charged; a shutdown ends the other streams with
+// UNAVAILABLE.
+func TestBrokenStreamKeepsGrant(t *testing.T) {
+	eng := newEngine(t, "redis://"+redistest.StartServer(t).Addr, false, testPolicy)
+	c, srv := serve(t, eng, rlqs.Limits{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sctx, scancel := context.WithCancel(ctx)
+	e := openEnvoy(t, sctx, c)
+	e.send(usage(0, 1, 0, "tenant", "k"))
+	e.waitFor(1)
+	g := grantOf(e.last().action)
+	before := remaining(t, eng, "k")
+	scancel()
+	<-e.done
+	other := openEnvoy(t, ctx, c)
+	other.send(usage(0, 1, 0, "tenant", "other"))
+	other.waitFor(1) // the server has served a stream since the break
+	if got := remaining(t, eng, "k"); got != before && got != 6000 {
+		t.Errorf("remaining after the break = %d, want %d: the grant of %d stays charged (or a new window's 6000)", got, before, g)
+	}
+	srv.Shutdown()
+	<-other.done
+	if st := status.Convert(other.failed()); st.Code() != codes.Unavailable {
+		t.Errorf("stream after Shutdown ended with %v, want UNAVAILABLE", other.failed())
 	}
 }
