@@ -151,3 +151,27 @@ func TestReportFlood(t *testing.T) {
 		t.Errorf("heap grew %d bytes, want under 32 MiB", grew)
 	}
 }
+
+// TestTooManyStreams opens one stream more than the service serves: it ends with
+// RESOURCE_EXHAUSTED, and the others go on.
+func TestTooManyStreams(t *testing.T) {
+	c, _ := serveWithMetrics(t, "redis://"+redistest.StartServer(t).Addr, rlqs.Limits{MaxStreams: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a, b := openEnvoy(t, ctx, c), openEnvoy(t, ctx, c)
+	a.send(usage(0, 1, 0, "tenant", "a"))
+	b.send(usage(0, 1, 0, "tenant", "b"))
+	a.waitFor(1)
+	b.waitFor(1)
+	extra := openEnvoy(t, ctx, c)
+	extra.send(usage(0, 1, 0, "tenant", "c"))
+	<-extra.done
+	if st := status.Convert(extra.failed()); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "2 streams") {
+		t.Errorf("the third stream ended with %v, want RESOURCE_EXHAUSTED naming the bound", extra.failed())
+	}
+	a.send(usage(0, 5, 5*time.Second, "tenant", "a"))
+	time.Sleep(100 * time.Millisecond)
+	if err := a.failed(); err != nil {
+		t.Errorf("a stream within the bound ended: %v", err)
+	}
+}

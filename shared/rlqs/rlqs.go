@@ -32,6 +32,7 @@ import (
 
 // Defaults of Limits.
 const (
+	DefaultMaxStreams       = 10000
 	DefaultMaxStreamBuckets = 1000
 	DefaultMaxBuckets       = 100000
 	DefaultMaxReportRate    = 2000
@@ -44,6 +45,8 @@ const (
 	unmatchedTTL = time.Minute
 	// sweepEvery is how often the service starts the windows of its shares.
 	sweepEvery = 50 * time.Millisecond
+	// sweepWorkers bounds the shares a sweep pushes at once.
+	sweepWorkers = 16
 	// abandonAfter is how many reports in a row without a request make the
 	// service abandon a bucket: a minute at Envoy's 5s.
 	abandonAfter = 12
@@ -52,6 +55,10 @@ const (
 // Limits bound what a stream may make the service hold; the zero value of a field
 // is its default.
 type Limits struct {
+	// MaxStreams is how many streams may be open at once (default 10000); one
+	// more ends at once with RESOURCE_EXHAUSTED, and its Envoy tries again at its
+	// next report tick.
+	MaxStreams int
 	// MaxStreamBuckets is how many buckets one stream may report (default 1000),
 	// and how many usages one report may carry: the usage of further buckets is
 	// dropped and counted, and Envoy applies its no_assignment_behavior to them.
@@ -67,6 +74,9 @@ type Limits struct {
 }
 
 func (l Limits) withDefaults() Limits {
+	if l.MaxStreams <= 0 {
+		l.MaxStreams = DefaultMaxStreams
+	}
 	if l.MaxStreamBuckets <= 0 {
 		l.MaxStreamBuckets = DefaultMaxStreamBuckets
 	}
@@ -107,6 +117,7 @@ type Server struct {
 	mu      sync.Mutex
 	shares  map[string]*share
 	buckets int // buckets of every stream
+	streams int // streams open
 
 	done chan struct{} // closed by Shutdown
 	stop sync.Once
@@ -171,11 +182,26 @@ func (s *Server) sweep(ctx context.Context, now time.Time) {
 		list = append(list, sh)
 	}
 	s.mu.Unlock()
-	for _, sh := range list {
-		for st, ds := range sh.push(ctx, now) {
-			st.send(ds)
-		}
+	// Windows aligned to the epoch end together for every quota of a period: push
+	// them side by side, each share's calls in turn.
+	work := make(chan *share)
+	var wg sync.WaitGroup
+	for range min(sweepWorkers, len(list)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for sh := range work {
+				for st, ds := range sh.push(ctx, now) {
+					st.send(ds)
+				}
+			}
+		}()
 	}
+	for _, sh := range list {
+		work <- sh
+	}
+	close(work)
+	wg.Wait()
 }
 
 // StreamRateLimitQuotas serves one Envoy's stream: each report is answered at once
@@ -184,6 +210,19 @@ func (s *Server) sweep(ctx context.Context, now time.Time) {
 // admit goes back to the store, and, when Envoy closed the stream itself (its side
 // ended cleanly: it is going away), everything it did not report admitting.
 func (s *Server) StreamRateLimitQuotas(srv grpc.BidiStreamingServer[rlqspb.RateLimitQuotaUsageReports, rlqspb.RateLimitQuotaResponse]) error {
+	s.mu.Lock()
+	if s.streams >= s.limits.MaxStreams {
+		s.mu.Unlock()
+		s.metrics.rejected.WithLabelValues(codes.ResourceExhausted.String()).Inc()
+		return status.Errorf(codes.ResourceExhausted, "rlqs: %d streams open, the most this instance serves; report to another instance", s.limits.MaxStreams)
+	}
+	s.streams++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.streams--
+		s.mu.Unlock()
+	}()
 	st := &stream{s: s, srv: srv, buckets: map[string]*ledger{}, tokens: float64(2 * s.limits.MaxReportRate), last: s.clock()}
 	s.metrics.streams.Inc()
 	defer s.metrics.streams.Dec()
