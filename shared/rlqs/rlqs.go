@@ -26,6 +26,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tollgate-dev/tollgate/shared/engine"
 )
@@ -327,7 +329,7 @@ func (st *stream) report(ctx context.Context, r *rlqspb.RateLimitQuotaUsageRepor
 		if err != nil {
 			return err
 		}
-		if d != nil {
+		if d.action != nil {
 			out = append(out, d)
 		}
 	}
@@ -342,7 +344,7 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 	s := st.s
 	attrs, key, err := bucketKey(u.GetBucketId())
 	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "rlqs: %v", err)
+		return decision{}, status.Errorf(codes.InvalidArgument, "rlqs: %v", err)
 	}
 	// time_elapsed is whole seconds, 0 on a bucket's first report: Envoy's own
 	// reports fail the proto's gt 0s rule, so reports are not validated by it.
@@ -354,7 +356,7 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 		pol := s.eng.Policy()
 		p, err := s.eng.Plan(engine.Request{Domain: st.domain, Attributes: attrs})
 		if err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "rlqs: bucket_id: %v", err)
+			return decision{}, status.Errorf(codes.InvalidArgument, "rlqs: bucket_id: %v", err)
 		}
 		if sh := s.shareFor(p); sh == l.sh {
 			l.sh.mu.Lock()
@@ -371,18 +373,18 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 	if l == nil {
 		if len(st.buckets) >= s.limits.MaxStreamBuckets || !s.addBucket() {
 			s.metrics.dropped.WithLabelValues("buckets").Inc()
-			return nil, nil
+			return decision{}, nil
 		}
 		pol := s.eng.Policy()
 		p, err := s.eng.Plan(engine.Request{Domain: st.domain, Attributes: attrs})
 		if err != nil {
 			s.dropBucket()
-			return nil, status.Errorf(codes.InvalidArgument, "rlqs: bucket_id: %v", err)
+			return decision{}, status.Errorf(codes.InvalidArgument, "rlqs: bucket_id: %v", err)
 		}
 		sh := s.shareFor(p)
 		if sh == nil {
 			s.dropBucket()
-			return blanket(u.GetBucketId(), typev3.RateLimitStrategy_ALLOW_ALL, unmatchedTTL), nil
+			return decision{action: blanket(u.GetBucketId(), typev3.RateLimitStrategy_ALLOW_ALL, unmatchedTTL)}, nil
 		}
 		l = &ledger{st: st, sh: sh, id: u.GetBucketId(), key: key, pol: pol}
 		sh.mu.Lock()
@@ -398,10 +400,10 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 		// service, until a request makes it anew.
 		l.sh.leave(ctx, l, now, true)
 		st.forget(l)
-		return &rlqspb.RateLimitQuotaResponse_BucketAction{
+		return decision{action: &rlqspb.RateLimitQuotaResponse_BucketAction{
 			BucketId:     l.id,
 			BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction{}},
-		}, nil
+		}}, nil
 	}
 	return d, nil
 }
@@ -470,14 +472,35 @@ func (s *Server) shareFor(p engine.Plan) *share {
 	return sh
 }
 
-// send sends actions to the stream's Envoy, one response.
+// send sends actions to the stream's Envoy, one response. A grant's time to live is
+// cut to the whole seconds left until it must expire; one with less than a second
+// left is not sent (its units stay charged, unused, until its window ends).
 func (st *stream) send(ds []decision) {
 	st.sendMu.Lock()
 	defer st.sendMu.Unlock()
 	if st.broken {
 		return
 	}
-	if err := st.srv.Send(&rlqspb.RateLimitQuotaResponse{BucketAction: ds}); err != nil {
+	now := st.s.clock()
+	out := make([]action, 0, len(ds))
+	for _, d := range ds {
+		a := d.action
+		if !d.by.IsZero() {
+			left := d.by.Sub(now).Truncate(time.Second)
+			if left < time.Second {
+				continue
+			}
+			if a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() > left {
+				a = proto.Clone(a).(action) // the share keeps the grant as decided
+				a.GetQuotaAssignmentAction().AssignmentTimeToLive = durationpb.New(left)
+			}
+		}
+		out = append(out, a)
+	}
+	if len(out) == 0 {
+		return
+	}
+	if err := st.srv.Send(&rlqspb.RateLimitQuotaResponse{BucketAction: out}); err != nil {
 		st.broken = true
 	}
 }

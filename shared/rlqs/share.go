@@ -87,7 +87,7 @@ type ledger struct {
 	gen      uint32    // numbers assignments, so that each differs from the last
 	expires  time.Time // our clock when the assignment in force expires at the latest
 	inForce  bool      // an assignment of window is in force (token bucket or deny)
-	last     decision  // the grant in force, as sent; nil for none
+	last     action    // the grant in force, as sent; nil for none
 	extended bool      // last has been sent again to end closer to the window's end (extend)
 	reports  int       // reports since the bucket last showed a request
 }
@@ -191,9 +191,17 @@ func (sh *share) observe(l *ledger, allowed, denied uint64, elapsed time.Duratio
 	l.samples++
 }
 
-// A decision is an action to send for one bucket: nil when the assignment in force
-// stays.
-type decision = *rlqspb.RateLimitQuotaResponse_BucketAction
+// An action is what the service tells Envoy of one bucket.
+type action = *rlqspb.RateLimitQuotaResponse_BucketAction
+
+// A decision is an action to send for one bucket (nil when the assignment in force
+// stays), and the time by which a grant must expire (zero for an action that need
+// not): its time to live is cut to that when it is sent, however long the report's
+// other buckets took.
+type decision struct {
+	action action
+	by     time.Time
+}
 
 // report applies one bucket's usage to ledger l and returns the action to send.
 func (sh *share) report(ctx context.Context, l *ledger, allowed, denied uint64, elapsed time.Duration, now time.Time) decision {
@@ -295,7 +303,7 @@ func (sh *share) decide(ctx context.Context, l *ledger, now time.Time) decision 
 	if ttl < time.Second {
 		// Too close to the window's end for a whole second: the assignment in force
 		// (which expires by then) stays; the next window's push answers.
-		return nil
+		return decision{}
 	}
 	want := sh.desired(l, sh.totalDemand(now), now)
 	inForce := l.inForce && now.Before(l.expires)
@@ -312,7 +320,7 @@ func (sh *share) decide(ctx context.Context, l *ledger, now time.Time) decision 
 		low := have < want/2
 		high := have > 2*want+1 && sh.end.Sub(now) >= 3*sh.interval
 		if !low && !high {
-			return nil
+			return decision{}
 		}
 	}
 	// Until a report shows what it admitted, the assignment in force stays held
@@ -334,7 +342,7 @@ func (sh *share) decide(ctx context.Context, l *ledger, now time.Time) decision 
 	if inForce && grant < want && grant <= have && !reshape {
 		// Too few units to better the assignment in force: it stays.
 		sh.release(l)
-		return nil
+		return decision{}
 	}
 	l.pot, l.pending, l.newMax = old, true, grant
 	l.inForce = true
@@ -349,7 +357,7 @@ func (sh *share) decide(ctx context.Context, l *ledger, now time.Time) decision 
 		l.last = tokenBucket(l.id, grant, l.gen, ttl)
 	}
 	l.extended = false
-	return l.last
+	return decision{l.last, sh.end.Add(-ttlMargin)}
 }
 
 // release moves what ledger l holds beyond what its Envoy reported and may still
@@ -454,19 +462,19 @@ func (sh *share) unavailable(l *ledger, now time.Time, err error) decision {
 	sh.srv.log.Warn("rlqs: the store failed; applying the failure mode", "mode", string(sh.failure.Mode), "err", err)
 	sh.srv.metrics.failureMode.WithLabelValues(string(sh.failure.Mode)).Inc()
 	if l.inForce && now.Before(l.expires) {
-		return nil // the grant in force stays until it expires
+		return decision{} // the grant in force stays until it expires
 	}
 	ttl := sh.interval
 	switch sh.failure.Mode {
 	case policy.FailClosed:
-		return blanket(l.id, typev3.RateLimitStrategy_DENY_ALL, ttl)
+		return decision{action: blanket(l.id, typev3.RateLimitStrategy_DENY_ALL, ttl)}
 	case policy.FailLocal:
 		n := max(1, int64(sh.failure.ExpectedInstances)) * max(1, int64(len(sh.ledgers)))
 		per := max(1, sh.count*int64(ttl)/int64(sh.period)/n)
 		l.gen++
-		return tokenBucket(l.id, min(per, math.MaxUint32), l.gen, ttl)
+		return decision{action: tokenBucket(l.id, min(per, math.MaxUint32), l.gen, ttl)}
 	default:
-		return blanket(l.id, typev3.RateLimitStrategy_ALLOW_ALL, ttl)
+		return decision{action: blanket(l.id, typev3.RateLimitStrategy_ALLOW_ALL, ttl)}
 	}
 }
 
@@ -527,7 +535,7 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 		if l.demand == 0 {
 			continue // an idle bucket is answered at its next report
 		}
-		if d := sh.decide(ctx, l, now); d != nil {
+		if d := sh.decide(ctx, l, now); d.action != nil {
 			out[l.st] = append(out[l.st], d)
 		}
 	}
@@ -551,19 +559,19 @@ func (sh *share) extend(now time.Time) map[*stream][]decision {
 		if l.last == nil || l.extended || !l.inForce || l.window != sh.window || !l.expires.Before(now.Add(time.Second)) {
 			continue
 		}
-		a := proto.Clone(l.last).(decision)
+		a := proto.Clone(l.last).(action)
 		a.GetQuotaAssignmentAction().AssignmentTimeToLive = durationpb.New(time.Second)
 		l.expires, l.extended = now.Add(time.Second), true
 		if out == nil {
 			out = map[*stream][]decision{}
 		}
-		out[l.st] = append(out[l.st], a)
+		out[l.st] = append(out[l.st], decision{a, sh.end.Add(-ttlMargin)})
 	}
 	return out
 }
 
 // blanket is an assignment of a blanket rule.
-func blanket(id *rlqspb.BucketId, rule typev3.RateLimitStrategy_BlanketRule, ttl time.Duration) decision {
+func blanket(id *rlqspb.BucketId, rule typev3.RateLimitStrategy_BlanketRule, ttl time.Duration) action {
 	return assignment(id, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: rule}}, ttl)
 }
 
@@ -573,7 +581,7 @@ func blanket(id *rlqspb.BucketId, rule typev3.RateLimitStrategy_BlanketRule, ttl
 // and the nanos of fill_interval only, and rates it in whole seconds of
 // fill_interval; the nanos carry gen, so that every grant differs from the last and
 // Envoy starts it full, without changing the rate.
-func tokenBucket(id *rlqspb.BucketId, units int64, gen uint32, ttl time.Duration) decision {
+func tokenBucket(id *rlqspb.BucketId, units int64, gen uint32, ttl time.Duration) action {
 	fill := durationpb.New(fillInterval)
 	fill.Nanos = int32(1 + gen%999_999_999)
 	return assignment(id, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
@@ -583,7 +591,7 @@ func tokenBucket(id *rlqspb.BucketId, units int64, gen uint32, ttl time.Duration
 	}}}, ttl)
 }
 
-func assignment(id *rlqspb.BucketId, s *typev3.RateLimitStrategy, ttl time.Duration) decision {
+func assignment(id *rlqspb.BucketId, s *typev3.RateLimitStrategy, ttl time.Duration) action {
 	return &rlqspb.RateLimitQuotaResponse_BucketAction{
 		BucketId: id,
 		BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
