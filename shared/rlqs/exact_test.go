@@ -3,8 +3,6 @@ package rlqs_test
 import (
 	"context"
 	"math"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tollgate-dev/tollgate/shared/redisinfo"
 	"github.com/tollgate-dev/tollgate/shared/rlqs"
 )
 
@@ -227,7 +226,16 @@ rules:
 func commandsProcessed(t *testing.T, url string, cluster bool) int64 {
 	t.Helper()
 	ctx := context.Background()
-	var infos []string
+	scripts := func(name string) bool { return name == "fcall" || name == "evalsha" || name == "eval" }
+	var mu sync.Mutex
+	var n float64
+	read := func(ctx context.Context, c redis.UniversalClient) error {
+		st, err := redisinfo.Read(ctx, c)
+		mu.Lock()
+		n += st.Sum(scripts).Calls
+		mu.Unlock()
+		return err
+	}
 	if cluster {
 		opt, err := redis.ParseClusterURL(url)
 		if err != nil {
@@ -235,41 +243,19 @@ func commandsProcessed(t *testing.T, url string, cluster bool) int64 {
 		}
 		c := redis.NewClusterClient(opt)
 		defer c.Close()
-		var mu sync.Mutex
-		err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
-			s, err := n.Info(ctx, "commandstats").Result()
-			mu.Lock()
-			infos = append(infos, s)
-			mu.Unlock()
-			return err
-		})
-		if err != nil {
+		if err := c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return read(ctx, node) }); err != nil {
 			t.Fatal(err)
 		}
-	} else {
-		opt, err := redis.ParseURL(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := redis.NewClient(opt)
-		defer c.Close()
-		s, err := c.Info(ctx, "commandstats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		infos = append(infos, s)
+		return int64(n)
 	}
-	var n int64
-	for _, s := range infos {
-		for _, line := range strings.Split(s, "\n") {
-			for _, cmd := range []string{"cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"} {
-				if v, ok := strings.CutPrefix(strings.TrimSpace(line), cmd+"calls="); ok {
-					v, _, _ = strings.Cut(v, ",")
-					x, _ := strconv.ParseInt(v, 10, 64)
-					n += x
-				}
-			}
-		}
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return n
+	c := redis.NewClient(opt)
+	defer c.Close()
+	if err := read(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	return int64(n)
 }
