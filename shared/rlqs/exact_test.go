@@ -121,9 +121,9 @@ func (m *modelEnvoy) reportLocked(now time.Time) {
 }
 
 // TestNeverOverLimit runs three model Envoys, on two instances sharing one Redis,
-// asking 3 times a tenant's limit of 400 per 4s window between them (150, 100 and
-// 50 requests per second), for five windows: in no window do they admit more than
-// 400 together.
+// asking 3 times a tenant's limit of 2000 per 4s window between them (750, 500 and
+// 250 requests per second), for five windows: in no window do they admit more than
+// 2000 together.
 func TestNeverOverLimit(t *testing.T) {
 	const doc = `
 domain: fleet
@@ -132,7 +132,7 @@ rules:
   - name: per-tenant
     match: {tenant: "*"}
     rlqs: {reporting_interval: 1s}
-    limits: [{algorithm: fixed_window, rate: 400/4s}]
+    limits: [{algorithm: fixed_window, rate: 2000/4s}]
 `
 	const period = 4 * time.Second
 	for _, b := range backends {
@@ -142,7 +142,7 @@ rules:
 			c2, _ := serve(t, newEngine(t, url, b.cluster, doc), rlqs.Limits{})
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			rates := []float64{150, 100, 50}
+			rates := []float64{750, 500, 250}
 			var envoys []*modelEnvoy
 			for i, r := range rates {
 				c := c1
@@ -211,9 +211,9 @@ rules:
 				for _, m := range envoys {
 					per = append(per, m.admitted[w])
 				}
-				t.Logf("window %d: admitted %d of 400 (per Envoy %v)", w-first, total[w], per)
-				if total[w] > 400 {
-					t.Errorf("window %d: admitted %d, over the limit of 400", w-first, total[w])
+				t.Logf("window %d: admitted %d of 2000 (per Envoy %v)", w-first, total[w], per)
+				if total[w] > 2000 {
+					t.Errorf("window %d: admitted %d, over the limit of 2000", w-first, total[w])
 				}
 			}
 		})
