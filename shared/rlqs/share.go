@@ -61,6 +61,8 @@ type share struct {
 	ledgers   map[*ledger]struct{}
 	idle      time.Time // when the last ledger left (zero while one is here)
 	board     *board    // every instance's demand
+	failing   bool      // the store failed, and has not answered since (logged once)
+	retry     time.Time // a failed window start is not tried again before
 }
 
 // A ledger is one stream's bucket within a share.
@@ -107,6 +109,8 @@ const (
 	fillInterval = 366 * 24 * time.Hour
 	// smoothing weighs a new demand sample against the past.
 	smoothing = 0.5
+	// retryEvery is how often a share whose window start failed tries again.
+	retryEvery = 250 * time.Millisecond
 )
 
 // account applies a report of allowed requests to the ledger: first to what
@@ -268,8 +272,9 @@ func (sh *share) publishDemand(ctx context.Context, now time.Time) {
 	sh.board.next = now.Add(sh.interval)
 	err := sh.board.publish(ctx, sh.srv.eng, sh.demandOf(), now)
 	sh.srv.metrics.storeCall("demand", err)
-	if err != nil {
-		sh.srv.log.Warn("rlqs: publishing the demand failed; shares follow this instance's demand alone until it succeeds", "err", err)
+	if err != nil && !sh.failing {
+		sh.failing = true
+		sh.srv.log.Warn("rlqs: publishing the demand failed; shares follow the fleet's demand as last known until the store answers", "err", err)
 	}
 }
 
@@ -430,6 +435,10 @@ func (sh *share) startWindow(ctx context.Context, now time.Time, want int64) err
 		end = sent.Add(time.Duration((w+1)*sh.period.Microseconds()-t.Verdict.NowMicros) * time.Microsecond)
 	}
 	sh.end = end
+	if sh.failing {
+		sh.failing = false
+		sh.srv.log.Info("rlqs: the store answers again")
+	}
 	if w != sh.window {
 		sh.window, sh.pool, sh.charged, sh.exhausted = w, 0, t.Verdict.NowMicros, false
 	}
@@ -459,7 +468,10 @@ func (sh *share) giveBack(ctx context.Context, units, charged int64) {
 // unavailable is the action for a ledger with no assignment in force when the store
 // cannot be reached: the policy's failure mode, for one reporting interval.
 func (sh *share) unavailable(l *ledger, now time.Time, err error) decision {
-	sh.srv.log.Warn("rlqs: the store failed; applying the failure mode", "mode", string(sh.failure.Mode), "err", err)
+	if !sh.failing {
+		sh.failing = true
+		sh.srv.log.Warn("rlqs: the store failed; buckets without a grant in force get the failure mode until it answers", "mode", string(sh.failure.Mode), "err", err)
+	}
 	sh.srv.metrics.failureMode.WithLabelValues(string(sh.failure.Mode)).Inc()
 	if l.inForce && now.Before(l.expires) {
 		return decision{} // the grant in force stays until it expires
@@ -526,8 +538,15 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 	for l := range sh.ledgers {
 		want += sh.part(l, total, sh.period)
 	}
+	if now.Before(sh.retry) {
+		return nil
+	}
 	if err := sh.startWindow(ctx, now, want); err != nil {
-		sh.srv.log.Warn("rlqs: starting a window failed; assignments in force expire, then Envoy's fallback applies", "err", err)
+		if !sh.failing {
+			sh.failing = true
+			sh.srv.log.Warn("rlqs: starting a window failed; grants in force expire, then Envoy's fallback applies, until the store answers", "err", err)
+		}
+		sh.retry = now.Add(retryEvery)
 		return nil
 	}
 	out := map[*stream][]decision{}
