@@ -175,7 +175,7 @@ func (s *Server) sweep(ctx context.Context, now time.Time) {
 	list := make([]*share, 0, len(s.shares))
 	for k, sh := range s.shares {
 		sh.mu.Lock()
-		gone := len(sh.ledgers) == 0 && !sh.idle.IsZero() && now.Sub(sh.idle) > sh.period
+		gone := len(sh.ledgers) == 0 && now.Sub(sh.touched) > sh.period
 		sh.mu.Unlock()
 		if gone {
 			delete(s.shares, k)
@@ -389,7 +389,6 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 		l = &ledger{st: st, sh: sh, id: u.GetBucketId(), key: key, pol: pol}
 		sh.mu.Lock()
 		sh.ledgers[l] = struct{}{}
-		sh.idle = time.Time{}
 		sh.mu.Unlock()
 		st.buckets[key] = l
 		s.metrics.buckets.Inc()
@@ -455,6 +454,7 @@ func (s *Server) shareFor(p engine.Plan) *share {
 	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	sh.touched = s.clock() // kept from the sweep's clean up until its bucket joins
 	sh.plan = p
 	sh.count, sh.period, sh.interval = math.MaxInt64, 0, 0
 	for _, it := range items {

@@ -59,7 +59,7 @@ type share struct {
 	// no store call.
 	exhausted bool
 	ledgers   map[*ledger]struct{}
-	idle      time.Time // when the last ledger left (zero while one is here)
+	touched   time.Time // when a bucket was last matched to the share or left it
 	board     *board    // every instance's demand
 	failing   bool      // the store failed, and has not answered since (logged once)
 	retry     time.Time // a failed window start is not tried again before
@@ -499,9 +499,7 @@ func (sh *share) leave(ctx context.Context, l *ledger, now time.Time, all bool) 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	delete(sh.ledgers, l)
-	if len(sh.ledgers) == 0 {
-		sh.idle = now
-	}
+	sh.touched = now
 	if l.window == sh.window && sh.window != 0 {
 		keep := l.held()
 		if all {
@@ -514,6 +512,11 @@ func (sh *share) leave(ctx context.Context, l *ledger, now time.Time, all bool) 
 	}
 	l.charged = 0
 	sh.flush(ctx)
+	if len(sh.ledgers) == 0 && sh.board.published > 0 {
+		// No Envoy here asks any more: take this instance's demand out at once.
+		sh.board.next = time.Time{}
+		sh.publishDemand(ctx, now)
+	}
 }
 
 // push starts a window for every ledger whose Envoy has demand: it takes their
