@@ -125,15 +125,7 @@ func (m *modelEnvoy) reportLocked(now time.Time) {
 // 250 requests per second), for five windows: in no window do they admit more than
 // 2000 together.
 func TestNeverOverLimit(t *testing.T) {
-	const doc = `
-domain: fleet
-failure: {timeout: 2s}
-rules:
-  - name: per-tenant
-    match: {tenant: "*"}
-    rlqs: {reporting_interval: 1s}
-    limits: [{algorithm: fixed_window, rate: 2000/4s}]
-`
+	doc := fleetPolicy("{timeout: 2s}", "{reporting_interval: 1s}", "2000/4s")
 	const period = 4 * time.Second
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {

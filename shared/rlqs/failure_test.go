@@ -16,15 +16,7 @@ import (
 // blanket deny for one reporting interval), and once Redis is back new buckets get
 // grants again.
 func TestRedisUnreachable(t *testing.T) {
-	const doc = `
-domain: fleet
-failure: {mode: closed, timeout: 200ms, breaker: {failures: 1, open_for: 500ms}}
-rules:
-  - name: per-tenant
-    match: {tenant: "*"}
-    rlqs: {}
-    limits: [{algorithm: fixed_window, rate: 6000/60s}]
-`
+	doc := fleetPolicy("{mode: closed, timeout: 200ms, breaker: {failures: 1, open_for: 500ms}}", "{}", "6000/60s")
 	srv := redistest.StartServer(t)
 	eng := newEngine(t, "redis://"+srv.Addr, false, doc)
 	c, _ := serve(t, eng, rlqs.Limits{})
@@ -105,15 +97,7 @@ func TestPolicyReload(t *testing.T) {
 	e := openEnvoy(t, ctx, c)
 	e.send(usage(0, 1, 0, "tenant", "r"))
 	e.waitFor(1)
-	p, err := policy.Parse([]byte(`
-domain: fleet
-failure: {timeout: 2s}
-rules:
-  - name: per-tenant
-    match: {tenant: "*"}
-    rlqs: {}
-    limits: [{algorithm: fixed_window, rate: 30/10s}]
-`))
+	p, err := policy.Parse([]byte(fleetPolicy("{timeout: 2s}", "{}", "30/10s")))
 	if err != nil {
 		t.Fatal(err)
 	}

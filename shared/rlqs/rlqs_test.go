@@ -18,15 +18,16 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/rlqs"
 )
 
-const testPolicy = `
-domain: fleet
-failure: {timeout: 2s}
-rules:
-  - name: per-tenant
-    match: {tenant: "*"}
-    rlqs: {}
-    limits: [{algorithm: fixed_window, rate: 6000/10s}]
-`
+// fleetPolicy is a policy of domain fleet with one rule, per-tenant, that shares
+// a fixed_window limit of rate over RLQS with the rlqs block given, and the failure
+// block given.
+func fleetPolicy(failure, rlqs, rate string) string {
+	return "domain: fleet\nfailure: " + failure + "\nrules:\n  - name: per-tenant\n    match: {tenant: \"*\"}\n    rlqs: " + rlqs +
+		"\n    limits: [{algorithm: fixed_window, rate: " + rate + "}]\n"
+}
+
+// testPolicy shares 6000 per 10s per tenant.
+var testPolicy = fleetPolicy("{timeout: 2s}", "{}", "6000/10s")
 
 // backend is a real Redis, standalone or a 3-master cluster.
 type backend struct {

@@ -196,15 +196,7 @@ func TestClosedStreamGivesBack(t *testing.T) {
 // instances see each other's demand through the store, and the grants pushed at a
 // window's start share its 6000 units 3 to 1.
 func TestSkewedDemandAcrossInstances(t *testing.T) {
-	const doc = `
-domain: fleet
-failure: {timeout: 2s}
-rules:
-  - name: per-tenant
-    match: {tenant: "*"}
-    rlqs: {reporting_interval: 1s}
-    limits: [{algorithm: fixed_window, rate: 6000/10s}]
-`
+	doc := fleetPolicy("{timeout: 2s}", "{reporting_interval: 1s}", "6000/10s")
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			url := b.start(t)
