@@ -83,6 +83,12 @@ type Config struct {
 	Window time.Duration
 	// Clock tells the time; nil: the real clock.
 	Clock Clock
+	// ReplaceFull makes a changed token_bucket assignment start its new
+	// bucket full, as Envoy did before PR 37624 (released in 1.33): since
+	// then the new bucket starts with the old one's ratio of remaining to
+	// maximum tokens, so an Envoy that spent its whole bucket starts the next
+	// one empty. False: today's Envoy.
+	ReplaceFull bool
 }
 
 // Counts are requests admitted and denied.
@@ -515,7 +521,11 @@ func (e *Envoy) Apply(resp *rlqspb.RateLimitQuotaResponse) {
 					cur = b.action.GetTokenBucket()
 				}
 				if cur == nil || !sameTokenBucket(s.GetTokenBucket(), cur) {
-					b.tb = newTokenBucket(s.GetTokenBucket(), e.seconds(now), b.tb)
+					prev := b.tb
+					if e.cfg.ReplaceFull {
+						prev = nil
+					}
+					b.tb = newTokenBucket(s.GetTokenBucket(), e.seconds(now), prev)
 				}
 			default:
 				// requests_per_time_unit ("not yet supported") or no

@@ -495,3 +495,18 @@ func TestTokenBucketModel(t *testing.T) {
 		t.Fatalf("rate with 0 tokens per fill = %v, want %v", b3.rate, minFillRate)
 	}
 }
+
+func TestReplaceFull(t *testing.T) {
+	t.Parallel()
+	f := startFake(t)
+	e, _ := newEnvoy(t, Config{Servers: []string{f.addr}, ReplaceFull: true})
+	e.Request(req("a"))
+	s := f.nextStream(t)
+	s.nextReport(t)
+	s.respond(t, e, tokenBucketAction(tenantA, 4, 1, time.Hour, time.Minute))
+	admitted(e, "a", 4)
+	s.respond(t, e, tokenBucketAction(tenantA, 6, 1, time.Hour, time.Minute))
+	if a := admitted(e, "a", 10); a != 6 {
+		t.Fatalf("admitted %d after a changed assignment from an empty bucket with ReplaceFull, want 6 (full)", a)
+	}
+}
