@@ -633,17 +633,19 @@ func startService(t *testing.T, c config) *service {
 	return s
 }
 
-// serveGRPC serves s's rate limit service on c's gRPC listener, with c's server
-// options, until t ends, and returns the listener's address.
+// serveGRPC serves s's gRPC services (grpcServer) on c's gRPC listener, with the
+// quota service's windows running, until t ends, and returns the listener's
+// address.
 func serveGRPC(t *testing.T, c config, s *service) string {
 	t.Helper()
 	ln, err := listen(c.GRPCListen)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer(grpcOptions(c)...)
-	rlsv3.RegisterRateLimitServiceServer(gs, s.rls)
+	gs := s.grpcServer(c)
+	ctx, cancel := context.WithCancel(context.Background())
+	go s.rlqs.Run(ctx)
 	go gs.Serve(ln)
-	t.Cleanup(gs.Stop)
+	t.Cleanup(func() { gs.Stop(); cancel() })
 	return ln.Addr().String()
 }

@@ -14,6 +14,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/tollgate-dev/tollgate/shared/rlqs"
 	"github.com/tollgate-dev/tollgate/shared/rls"
 )
 
@@ -29,7 +30,7 @@ func listen(addr string) (net.Listener, error) {
 // grpcOptions are the gRPC server's options: rls's, with envoyproxy/ratelimit's
 // connection ages and TLS when its environment sets them.
 func grpcOptions(c config) []grpc.ServerOption {
-	opts := rls.ServerOptions()
+	opts := append(rls.ServerOptions(), rlqs.ServerOptions()...)
 	if c.ERL.GRPCMaxAge > 0 {
 		opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: c.ERL.GRPCMaxAge, MaxConnectionAgeGrace: c.ERL.GRPCMaxAgeGrace}))
 	}

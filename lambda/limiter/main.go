@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/tollgate-dev/tollgate/lambda"
@@ -40,6 +41,7 @@ import (
 	"github.com/tollgate-dev/tollgate/shared/policy"
 	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/reload"
+	"github.com/tollgate-dev/tollgate/shared/rlqs"
 	"github.com/tollgate-dev/tollgate/shared/rls"
 )
 
@@ -442,6 +444,8 @@ type service struct {
 	erlDir *reload.Of[erlSet]
 	// rls is Envoy's RateLimitService: erl, or the policy's engine alone.
 	rls rlsv3.RateLimitServiceServer
+	// rlqs is Envoy's Rate Limit Quota Service, for the policy's rlqs rules.
+	rlqs *rlqs.Server
 	// metrics serves the Prometheus registry (for the debug and Prometheus listeners).
 	metrics http.Handler
 	health  *health
@@ -560,6 +564,11 @@ func newService(ctx context.Context, c config, log *slog.Logger) (*service, erro
 		return nil, err
 	}
 	s.health = &health{needConfig: c.ERL.NeedConfig, redis: c.ERL.RedisHealth, s: s}
+	// Envoy's Rate Limit Quota Service, for the policy's rlqs rules.
+	if s.rlqs, err = rlqs.New(rlqs.Config{Engine: s.eng, Registerer: reg, Logger: log}); err != nil {
+		s.Close()
+		return nil, err
+	}
 	s.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	mux := http.NewServeMux()
 	mux.Handle("/", decision.NewHandler(s.eng, decision.Options{
@@ -954,16 +963,15 @@ func serveConfig(ctx context.Context, c config, log *slog.Logger) error {
 			ln.Close()
 			return fmt.Errorf("--grpc-listen: %w", busyHint(err, "--grpc-listen ADDR, TOLLGATE_GRPC_LISTEN=ADDR or GRPC_PORT"))
 		}
-		gs := grpc.NewServer(grpcOptions(c)...)
-		rlsv3.RegisterRateLimitServiceServer(gs, s.rls)
-		healthpb.RegisterHealthServer(gs, s.health.grpc())
+		gs := s.grpcServer(c)
+		go s.rlqs.Run(ctx)
 		go func() {
 			if err := gs.Serve(gln); err != nil {
 				log.Error("gRPC server stopped", "err", err)
 			}
 		}()
 		defer gs.GracefulStop()
-		log.Info("serving Envoy's RateLimitService", "addr", gln.Addr().String())
+		log.Info("serving Envoy's RateLimitService and RateLimitQuotaService", "addr", gln.Addr().String())
 	}
 	go func() {
 		// From SIGTERM on, the health checks fail, as envoyproxy/ratelimit's do, so
@@ -972,6 +980,17 @@ func serveConfig(ctx context.Context, c config, log *slog.Logger) error {
 		s.health.stop()
 	}()
 	return serve(ctx, ln, s.handler, c.Server, log)
+}
+
+// grpcServer returns the service's gRPC server, with c's options: Envoy's
+// RateLimitService, its RateLimitQuotaService (whose windows Run starts) and the
+// health service.
+func (s *service) grpcServer(c config) *grpc.Server {
+	gs := grpc.NewServer(grpcOptions(c)...)
+	rlsv3.RegisterRateLimitServiceServer(gs, s.rls)
+	rlqspb.RegisterRateLimitQuotaServiceServer(gs, s.rlqs)
+	healthpb.RegisterHealthServer(gs, s.health.grpc())
+	return gs
 }
 
 // busyHint adds to a listener's error, when its address is in use, how to choose

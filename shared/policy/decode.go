@@ -58,12 +58,13 @@ var (
 	breakerFields   = []string{"failures", "open_for"}
 	identityFields  = []string{"trusted_proxies", "ipv6_prefix"}
 	denyCacheFields = []string{"enabled", "max_entries"}
-	ruleFields      = []string{"name", "match", "limits", "unlimited", "replaces", "shadow", "settle"}
+	ruleFields      = []string{"name", "match", "limits", "unlimited", "replaces", "shadow", "settle", "rlqs"}
 	limitFields     = []string{"algorithm", "rate", "burst", "bucket", "record", "calendar", "lease", "replicas", "counter"}
 	leaseFields     = []string{"units", "for"}     // lease: see Lease and decoder.lease
 	replicasFields  = []string{"count", "timeout"} // replicas: see decoder.replicas
 	calendarFields  = []string{"timezone"}
 	eachFields      = []string{"each"}
+	rlqsFields      = []string{"reporting_interval"} // rlqs: see RLQS and decoder.rlqs
 )
 
 const (
@@ -891,6 +892,7 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 	if ok {
 		ok = d.ring(r, path, limitNodes)
 	}
+	r.RLQS = d.rlqs(f, r, path)
 	if ok {
 		r.compile(shardBy)
 		for i, m := range r.Meters {
@@ -1356,4 +1358,37 @@ func (d *decoder) replicas(lf *fields) algo.Replicas {
 		return algo.Replicas{}
 	}
 	return rp
+}
+
+// rlqs: the decoding of a rule's rlqs field (see RLQS).
+
+// rlqs decodes the rlqs field of rule r (whose fields are f), or returns nil when
+// there is none. Its problems name the field and the limit they are about.
+func (d *decoder) rlqs(f *fields, r *Rule, path string) *RLQS {
+	fl, v, present := f.lookup("rlqs")
+	if !present || v == nil {
+		return nil
+	}
+	if isNull(v) {
+		d.add(fl.key, f.at("rlqs"), "want a mapping; write rlqs: {} to serve the rule to Envoy's rate limit quota filter with the defaults")
+		return nil
+	}
+	rf := f.sub("rlqs", rlqsFields, "a mapping, e.g. rlqs: {} or rlqs: {reporting_interval: 5s}")
+	if rf == nil {
+		return nil
+	}
+	q := &RLQS{ReportingInterval: DefaultRLQSReportingInterval}
+	if n := rf.get("reporting_interval"); n != nil {
+		if iv, ok := d.duration(n, rf.at("reporting_interval"), MinRLQSReportingInterval, MaxRLQSReportingInterval, "5s"); ok {
+			if iv%time.Second != 0 {
+				d.add(n, rf.at("reporting_interval"), "Envoy reports in whole seconds; round it, e.g. reporting_interval: 5s")
+			} else {
+				q.ReportingInterval = iv
+			}
+		}
+	}
+	for _, pr := range q.Problems(r) {
+		d.add(rf.n, join(path, pr[0]), pr[1])
+	}
+	return q
 }

@@ -186,6 +186,9 @@ type Rule struct {
 	// default one). A rule cannot replace itself, and rules cannot replace each other
 	// in a cycle.
 	Replaces []string
+	// RLQS, when set, serves the rule's limits to Envoy's rate limit quota filter
+	// (package rlqs); nil for a rule that is not.
+	RLQS *RLQS
 	// Limits as written in the policy, in its order.
 	Limits []RuleLimit
 	// Meters are the compiled limits, one store key each: the rule's bucket_ring limits
@@ -314,6 +317,65 @@ func (ls Lease) Problems(l algo.Limit, record string, shadow bool) [][2]string {
 	}
 	if ls.For < MinLeaseFor || ls.For > MaxLeaseFor || ls.For%time.Millisecond != 0 {
 		bad("for", "for must be a whole number of milliseconds from 1ms to 1h, e.g. for: 100ms")
+	}
+	return out
+}
+
+// RLQS serves a rule's limits to Envoy's rate limit quota filter (Envoy's Rate
+// Limit Quota Service, package rlqs): the Envoys that report a bucket whose id
+// matches the rule share each limit through grants of units taken from it in the
+// store. Only fixed_window limits can be granted: a grant is spent inside the window
+// it was taken from, and Envoy's own token bucket cannot keep a sliding estimate or a
+// refill in step with the store's.
+type RLQS struct {
+	// ReportingInterval is how often Envoy reports a bucket's usage (its
+	// reporting_interval; Envoy reports every 5s today whatever it says): a grant
+	// covers the demand of about one interval. Default 5s, 1s to 60s, whole seconds.
+	ReportingInterval time.Duration
+}
+
+// Defaults and bounds of the rlqs field.
+const (
+	DefaultRLQSReportingInterval = 5 * time.Second
+	MinRLQSReportingInterval     = time.Second
+	MaxRLQSReportingInterval     = time.Minute
+)
+
+// Problems returns what keeps rule r from being served over RLQS, each as a path
+// under the rule ("limits[0].algorithm") and its fix.
+func (q *RLQS) Problems(r *Rule) [][2]string {
+	var out [][2]string
+	bad := func(field, msg string) { out = append(out, [2]string{field, msg}) }
+	switch {
+	case r.Unlimited:
+		bad("rlqs", "an unlimited rule has nothing to share; remove rlqs, or unlimited")
+	case r.Settle:
+		bad("rlqs", "a settling rule charges costs after the response, which Envoy's quota filter does not report; remove rlqs, or settle")
+	case r.Shadow:
+		bad("rlqs", "a shadow rule never denies, so there is no quota to share; remove rlqs, or shadow")
+	}
+	for i, l := range r.Limits {
+		at := fmt.Sprintf("limits[%d]", i)
+		switch {
+		case l.Algorithm.Valid() && l.Algorithm != algo.FixedWindow:
+			bad(at+".algorithm", fmt.Sprintf("rule %q: rlqs grants units of fixed_window limits only, not %s (a grant is spent inside the window it was taken from); use algorithm: fixed_window or remove rlqs", r.Name, l.Algorithm))
+		case l.Calendar.Unit != "":
+			bad(at+".calendar", fmt.Sprintf("rule %q: rlqs grants units of windows aligned to the epoch only; remove calendar or rlqs", r.Name))
+		case l.Period%time.Second != 0 || l.Period > 0 && l.Period < 2*time.Second:
+			bad(at+".rate", fmt.Sprintf("rule %q: Envoy times an assignment in whole seconds, so an rlqs window must be whole seconds, at least 2s (e.g. rate: 6000/10s)", r.Name))
+		}
+		if l.Lease != (Lease{}) {
+			bad(at+".lease", fmt.Sprintf("rule %q: rlqs grants units to Envoys itself; remove lease", r.Name))
+		}
+		if l.Record != "" {
+			bad(at+".record", fmt.Sprintf("rule %q: Envoy admits from its grant without telling which value each request had; remove record or rlqs", r.Name))
+		}
+		if l.Replicas != (algo.Replicas{}) {
+			bad(at+".replicas", fmt.Sprintf("rule %q: rlqs does not wait for replicas; remove replicas or rlqs", r.Name))
+		}
+		if l.Counter != "" {
+			bad(at+".counter", fmt.Sprintf("rule %q: an rlqs limit keeps its own counter; remove counter or rlqs", r.Name))
+		}
 	}
 	return out
 }

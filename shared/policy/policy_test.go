@@ -326,7 +326,7 @@ func TestValidation(t *testing.T) {
 				"failure.breaker.fails: unknown field; known fields: failures, open_for",
 				"identity.proxies: unknown field; known fields: trusted_proxies, ipv6_prefix",
 				"deny_cache.size: unknown field; known fields: enabled, max_entries",
-				"rules[0].when: unknown field; known fields: name, match, limits, unlimited, replaces, shadow, settle",
+				"rules[0].when: unknown field; known fields: name, match, limits, unlimited, replaces, shadow, settle, rlqs",
 				"rules[0].limits[0].cost: unknown field; known fields: algorithm, rate, burst, bucket, record, calendar, lease, replicas, counter",
 			}},
 		{"repeated field", "domain: d\ndomain: e\nrules: [{name: r, limits: [{algorithm: gcra, rate: 1/s}]}]\n",

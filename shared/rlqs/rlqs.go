@@ -1,0 +1,375 @@
+// Package rlqs implements Envoy's Rate Limit Quota Service
+// (envoy.service.rate_limit_quota.v3.RateLimitQuotaService): the Envoys of a fleet
+// report each bucket's usage on one stream each, and the service answers with
+// assignments that Envoy enforces locally. A bucket id's entries are a request's
+// attributes; the policy's rules with an rlqs block decide it (policy.RLQS).
+//
+// Every unit an Envoy may admit is first taken from the limit in the store through
+// the engine (engine.Engine.Take), so a limit of N per window is shared by every
+// Envoy connected to every instance on the same Redis, and the fleet admits at most
+// N in a window (see share for the argument, and docs/rlqs.md for the bounds and
+// the failure behaviours). Each Envoy's grant follows its reported demand.
+package rlqs
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tollgate-dev/tollgate/shared/engine"
+)
+
+// Defaults of Limits.
+const (
+	DefaultMaxStreamBuckets = 1000
+	DefaultMaxBuckets       = 100000
+	DefaultMaxReportRate    = 2000
+	// MaxMessageBytes is the largest report a server built with ServerOptions
+	// receives (gRPC's default, stated): a report of every bucket of a stream at
+	// their largest fits.
+	MaxMessageBytes = 4 << 20
+	// unmatchedTTL is how long a bucket that no rlqs rule matches is allowed,
+	// before Envoy asks again (a policy reload may have added a rule).
+	unmatchedTTL = time.Minute
+	// sweepEvery is how often the service starts the windows of its shares.
+	sweepEvery = 50 * time.Millisecond
+)
+
+// Limits bound what a stream may make the service hold; the zero value of a field
+// is its default.
+type Limits struct {
+	// MaxStreamBuckets is how many buckets one stream may report (default 1000);
+	// the usage of further buckets is dropped and counted, and Envoy applies its
+	// no_assignment_behavior to them.
+	MaxStreamBuckets int
+	// MaxBuckets is how many buckets all streams together may report (default
+	// 100000), dropped likewise past it.
+	MaxBuckets int
+	// MaxReportRate is how many bucket usages a stream may send per second, with a
+	// burst of twice as many (default 2000: a stream of 1000 buckets reports them
+	// every 5s, and once more each as it is created). Reports past it are dropped
+	// and counted.
+	MaxReportRate int
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxStreamBuckets <= 0 {
+		l.MaxStreamBuckets = DefaultMaxStreamBuckets
+	}
+	if l.MaxBuckets <= 0 {
+		l.MaxBuckets = DefaultMaxBuckets
+	}
+	if l.MaxReportRate <= 0 {
+		l.MaxReportRate = DefaultMaxReportRate
+	}
+	return l
+}
+
+// Config configures a Server.
+type Config struct {
+	// Engine decides with the policy and the store; required.
+	Engine *engine.Engine
+	// Registerer receives the metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Logger receives warnings (default slog.Default()).
+	Logger *slog.Logger
+	// Limits bound the streams.
+	Limits Limits
+	// Clock reads the time (default time.Now).
+	Clock func() time.Time
+}
+
+// Server is the Rate Limit Quota Service. It is safe for simultaneous use. Run
+// starts the windows of its quotas; without it, grants start at reports only.
+type Server struct {
+	rlqspb.UnimplementedRateLimitQuotaServiceServer
+
+	eng     *engine.Engine
+	log     *slog.Logger
+	limits  Limits
+	clock   func() time.Time
+	metrics *metrics
+
+	mu      sync.Mutex
+	shares  map[string]*share
+	buckets int // buckets of every stream
+}
+
+// New returns a Server for cfg.
+func New(cfg Config) (*Server, error) {
+	if cfg.Engine == nil {
+		return nil, errors.New("rlqs: nil engine")
+	}
+	s := &Server{
+		eng:     cfg.Engine,
+		log:     cfg.Logger,
+		limits:  cfg.Limits.withDefaults(),
+		clock:   cfg.Clock,
+		metrics: newMetrics(cfg.Registerer),
+		shares:  map[string]*share{},
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.clock == nil {
+		s.clock = time.Now
+	}
+	return s, nil
+}
+
+// ServerOptions are the gRPC server options the service needs: its largest message.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageBytes)}
+}
+
+// Run starts each quota's windows as they come, pushing the new window's grants to
+// every Envoy with demand, until ctx is done; and drops the quotas no stream
+// reports any more.
+func (s *Server) Run(ctx context.Context) {
+	tick := time.NewTicker(sweepEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			s.sweep(ctx, s.clock())
+		}
+	}
+}
+
+// sweep pushes the grants of the shares whose window has ended.
+func (s *Server) sweep(ctx context.Context, now time.Time) {
+	s.mu.Lock()
+	list := make([]*share, 0, len(s.shares))
+	for k, sh := range s.shares {
+		sh.mu.Lock()
+		gone := len(sh.ledgers) == 0 && !sh.idle.IsZero() && now.Sub(sh.idle) > sh.period
+		sh.mu.Unlock()
+		if gone {
+			delete(s.shares, k)
+			continue
+		}
+		list = append(list, sh)
+	}
+	s.mu.Unlock()
+	for _, sh := range list {
+		for st, ds := range sh.push(ctx, now) {
+			st.send(ds)
+		}
+	}
+}
+
+// StreamRateLimitQuotas serves one Envoy's stream: each report is answered at once
+// with the assignments that changed; the start of a window pushes new ones.
+func (s *Server) StreamRateLimitQuotas(srv grpc.BidiStreamingServer[rlqspb.RateLimitQuotaUsageReports, rlqspb.RateLimitQuotaResponse]) error {
+	st := &stream{s: s, srv: srv, buckets: map[string]*ledger{}, tokens: float64(2 * s.limits.MaxReportRate), last: s.clock()}
+	s.metrics.streams.Inc()
+	defer s.metrics.streams.Dec()
+	defer st.close()
+	for {
+		r, err := srv.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := st.report(srv.Context(), r); err != nil {
+			s.metrics.rejected.WithLabelValues(status.Code(err).String()).Inc()
+			return err
+		}
+	}
+}
+
+// stream is one Envoy's stream.
+type stream struct {
+	s   *Server
+	srv grpc.BidiStreamingServer[rlqspb.RateLimitQuotaUsageReports, rlqspb.RateLimitQuotaResponse]
+
+	sendMu sync.Mutex
+	broken bool // a send failed: the stream is ending
+
+	// Owned by the receiving goroutine.
+	domain  string
+	buckets map[string]*ledger
+	tokens  float64 // bucket usages the stream may still send now
+	last    time.Time
+}
+
+// admit reports whether a report of n bucket usages is within the stream's rate.
+func (st *stream) admit(n int, now time.Time) bool {
+	rate := float64(st.s.limits.MaxReportRate)
+	st.tokens = min(2*rate, st.tokens+now.Sub(st.last).Seconds()*rate)
+	st.last = now
+	if float64(n) > st.tokens {
+		return false
+	}
+	st.tokens -= float64(n)
+	return true
+}
+
+// report answers one report.
+func (st *stream) report(ctx context.Context, r *rlqspb.RateLimitQuotaUsageReports) error {
+	s := st.s
+	pol := s.eng.Policy()
+	if r.GetDomain() != pol.Domain {
+		return status.Errorf(codes.InvalidArgument, "rlqs: domain %q: this service decides domain %q; set the filter's domain to it", clip(r.GetDomain()), pol.Domain)
+	}
+	if st.domain == "" {
+		st.domain = r.GetDomain()
+	}
+	now := s.clock()
+	usages := r.GetBucketQuotaUsages()
+	if !st.admit(len(usages), now) {
+		s.metrics.dropped.WithLabelValues("rate").Inc()
+		return nil
+	}
+	var out []decision
+	for _, u := range usages {
+		d, err := st.usage(ctx, u, now)
+		if err != nil {
+			return err
+		}
+		if d != nil {
+			out = append(out, d)
+		}
+	}
+	if len(out) > 0 {
+		st.send(out)
+	}
+	return nil
+}
+
+// usage applies one bucket's usage and returns the action to send for it, or nil.
+func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage, now time.Time) (decision, error) {
+	s := st.s
+	attrs, key, err := bucketKey(u.GetBucketId())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "rlqs: %v", err)
+	}
+	// time_elapsed is whole seconds, 0 on a bucket's first report: Envoy's own
+	// reports fail the proto's gt 0s rule, so reports are not validated by it.
+	elapsed := max(0, u.GetTimeElapsed().AsDuration())
+	allowed, denied := u.GetNumRequestsAllowed(), u.GetNumRequestsDenied()
+	l := st.buckets[key]
+	if l == nil {
+		if len(st.buckets) >= s.limits.MaxStreamBuckets || !s.addBucket() {
+			s.metrics.dropped.WithLabelValues("buckets").Inc()
+			return nil, nil
+		}
+		p, err := s.eng.Plan(engine.Request{Domain: st.domain, Attributes: attrs})
+		if err != nil {
+			s.dropBucket()
+			return nil, status.Errorf(codes.InvalidArgument, "rlqs: bucket_id: %v", err)
+		}
+		sh := s.shareFor(p)
+		if sh == nil {
+			s.dropBucket()
+			return blanket(u.GetBucketId(), typev3.RateLimitStrategy_ALLOW_ALL, unmatchedTTL), nil
+		}
+		l = &ledger{st: st, sh: sh, id: u.GetBucketId(), key: key}
+		sh.mu.Lock()
+		sh.ledgers[l] = struct{}{}
+		sh.idle = time.Time{}
+		sh.mu.Unlock()
+		st.buckets[key] = l
+		s.metrics.buckets.Inc()
+	}
+	return l.sh.report(ctx, l, allowed, denied, elapsed, now), nil
+}
+
+func (s *Server) addBucket() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.buckets >= s.limits.MaxBuckets {
+		return false
+	}
+	s.buckets++
+	return true
+}
+
+func (s *Server) dropBucket() {
+	s.mu.Lock()
+	s.buckets--
+	s.mu.Unlock()
+}
+
+// shareFor returns the share of the rlqs items of plan p, or nil when no rlqs
+// rule matched.
+func (s *Server) shareFor(p engine.Plan) *share {
+	var items []engine.Item
+	var key string
+	for _, it := range p.Items {
+		if it.Rule.RLQS != nil {
+			items = append(items, it)
+			key += it.Key + "\x00"
+		}
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	p.Items = items
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sh := s.shares[key]
+	if sh == nil {
+		sh = &share{srv: s, key: key, ledgers: map[*ledger]struct{}{}}
+		s.shares[key] = sh
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.plan = p
+	sh.count, sh.period, sh.interval = math.MaxInt64, 0, 0
+	for _, it := range items {
+		for _, l := range it.Meter.Limits {
+			if l.Count < sh.count {
+				sh.count, sh.period = l.Count, l.Period
+			}
+		}
+		sh.interval = max(sh.interval, it.Rule.RLQS.ReportingInterval)
+	}
+	sh.failure = s.eng.Policy().Failure
+	return sh
+}
+
+// send sends actions to the stream's Envoy, one response.
+func (st *stream) send(ds []decision) {
+	st.sendMu.Lock()
+	defer st.sendMu.Unlock()
+	if st.broken {
+		return
+	}
+	if err := st.srv.Send(&rlqspb.RateLimitQuotaResponse{BucketAction: ds}); err != nil {
+		st.broken = true
+	}
+}
+
+// close gives back what the stream's buckets hold.
+func (st *stream) close() {
+	st.sendMu.Lock()
+	st.broken = true
+	st.sendMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	now := st.s.clock()
+	for _, l := range st.buckets {
+		l.sh.leave(ctx, l, now)
+	}
+	st.s.mu.Lock()
+	st.s.buckets -= len(st.buckets)
+	st.s.mu.Unlock()
+	st.s.metrics.buckets.Sub(float64(len(st.buckets)))
+	st.buckets = nil
+}

@@ -1,0 +1,477 @@
+package rlqs
+
+import (
+	"context"
+	"math"
+	"sync"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/policy"
+)
+
+// A share is this instance's part of one quota: the limits (store keys) that the
+// rlqs rules matching a bucket reach. It holds the units taken from them in the
+// store for the current window, and one ledger per bucket of a stream that reports
+// it. Every grant it makes was taken in the store first.
+//
+// The exactness argument, per ledger (one Envoy's bucket), within one window:
+//
+//   - charged is what the ledger holds of the units taken in the store;
+//   - allowed is what Envoy reported admitting (a lower bound, when a report
+//     straddles a window: see account);
+//   - pot bounds what Envoy may still admit that it has not reported: under the
+//     assignment in force when its last report was sent, and under the one sent
+//     since (pending, newMax), if any;
+//
+// and the invariant charged ≥ allowed + pot (+ newMax while pending) holds after
+// every step: a new assignment is sent only once its units are charged, and only
+// charged − allowed − pot − newMax is ever given back. So the admissions of all
+// Envoys in a window never exceed the units taken from that window, which the store
+// never lets exceed the limit. Envoy admits at most max_tokens under a token bucket
+// assignment (its refill, 1 token per fill interval longer than the assignment's
+// time to live, adds less than one token), and an assignment expires before its
+// window ends (see ttl).
+type share struct {
+	srv *Server
+	key string
+
+	mu sync.Mutex
+	// plan holds the rlqs items of the latest report's plan for the share's keys.
+	plan     engine.Plan
+	count    int64 // the smallest limit of the items: what a window holds
+	period   time.Duration
+	interval time.Duration // the rules' reporting interval
+	failure  policy.Failure
+
+	window  int64     // the store's window (Unix µs / period) of the units held; 0 before any
+	end     time.Time // the window's end on our clock, early by up to a store round trip (see startWindow)
+	charged int64     // the store's time of a take in window, Unix µs, for giving back
+	pool    int64     // units taken in window and held by no ledger
+	ledgers map[*ledger]struct{}
+	idle    time.Time // when the last ledger left (zero while one is here)
+}
+
+// A ledger is one stream's bucket within a share.
+type ledger struct {
+	st  *stream
+	sh  *share
+	id  *rlqspb.BucketId
+	key string // the bucket's key within its stream
+
+	window  int64 // the share's window this ledger's counts are in
+	charged int64
+	allowed int64
+	pot     int64
+	pending bool
+	newMax  int64
+	carry   int64 // what assignments of the previous window may have admitted, unreported
+
+	demand  float64 // requests per second, smoothed
+	samples int     // reports that measured the demand (time_elapsed of 1s or more)
+	gen     uint32    // numbers assignments, so that each differs from the last
+	expires time.Time // our clock when the assignment in force expires at the latest
+	inForce bool      // an assignment of window is in force (token bucket or deny)
+	reports int       // reports since the bucket last showed a request
+}
+
+// Shaping of grants.
+const (
+	// ttlMargin is how much earlier than its window's end (our clock, measured
+	// conservatively) an assignment must expire: the time the assignment may take to
+	// reach Envoy beyond what the whole seconds of its time to live round off.
+	ttlMargin = 250 * time.Millisecond
+	// windowGuard is how long after a window's conservative end the share waits
+	// before taking units from the next one, so that the store has surely moved on.
+	windowGuard = 20 * time.Millisecond
+	// fillInterval is the token bucket's fill interval in a grant: with 1 token per
+	// fill, it refills less than one token over any assignment's life (an
+	// assignment lives at most one window, which the policy bounds below it).
+	fillInterval = 366 * 24 * time.Hour
+	// smoothing weighs a new demand sample against the past.
+	smoothing = 0.5
+)
+
+// account applies a report of allowed requests to the ledger: first to what
+// assignments of the previous window may have admitted (carry), then to the
+// assignment in force when the report was sent, and to the one sent since, which was
+// in force by then (an assignment reaches Envoy within a reporting interval; a
+// stream that cannot deliver one breaks).
+func (l *ledger) account(allowed int64) {
+	x := allowed
+	fromPrev := min(x, l.carry)
+	x -= fromPrev
+	l.carry = 0
+	if l.pending {
+		// The older assignment admitted at most pot of the report; the rest came
+		// from the new one.
+		l.pot = max(0, l.newMax-max(0, x-l.pot))
+		l.pending, l.newMax = false, 0
+	} else {
+		l.pot = max(0, l.pot-x)
+	}
+	l.allowed += x
+}
+
+// roll moves the ledger to window w: what its assignments may still admit belongs
+// to the window they were charged in.
+func (l *ledger) roll(w int64) {
+	if l.window == w {
+		return
+	}
+	l.carry = l.pot
+	if l.pending {
+		l.carry += l.newMax
+	}
+	l.window, l.charged, l.allowed, l.pot, l.pending, l.newMax = w, 0, 0, 0, false, 0
+	l.inForce = false
+}
+
+// held is what the ledger must keep charged: what its Envoy reported and may still
+// admit.
+func (l *ledger) held() int64 {
+	h := l.allowed + l.pot
+	if l.pending {
+		h += l.newMax
+	}
+	return h
+}
+
+// observe smooths a report's demand (requests allowed and denied per second) into
+// ledger l. A bucket's first report (time_elapsed 0) says nothing of its demand:
+// until one does, the ledger takes the average of the others', or alone the
+// limit's whole rate.
+func (sh *share) observe(l *ledger, allowed, denied uint64, elapsed time.Duration) {
+	if allowed+denied == 0 {
+		l.reports++
+	} else {
+		l.reports = 0
+	}
+	if elapsed < time.Second {
+		if l.samples > 0 {
+			return
+		}
+		others, n := 0.0, 0
+		for o := range sh.ledgers {
+			if o != l && o.samples > 0 {
+				others += o.demand
+				n++
+			}
+		}
+		if n > 0 {
+			l.demand = others / float64(n)
+		} else {
+			l.demand = float64(sh.count) / sh.period.Seconds()
+		}
+		return
+	}
+	rate := float64(allowed+denied) / elapsed.Seconds()
+	if l.samples == 0 {
+		l.demand = rate
+	} else {
+		l.demand = smoothing*rate + (1-smoothing)*l.demand
+	}
+	l.samples++
+}
+
+// A decision is an action to send for one bucket: nil when the assignment in force
+// stays.
+type decision = *rlqspb.RateLimitQuotaResponse_BucketAction
+
+// report applies one bucket's usage to ledger l and returns the action to send.
+func (sh *share) report(ctx context.Context, l *ledger, allowed, denied uint64, elapsed time.Duration, now time.Time) decision {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.observe(l, allowed, denied, elapsed)
+	if sh.window == 0 || !now.Before(sh.end.Add(windowGuard)) {
+		if err := sh.startWindow(ctx, now, sh.part(l, sh.demandOf(), sh.period)); err != nil {
+			l.account(int64(min(allowed, math.MaxInt32)))
+			return sh.unavailable(l, now, err)
+		}
+	}
+	l.roll(sh.window)
+	l.account(int64(min(allowed, math.MaxInt32)))
+	if deficit := l.held() - l.charged; deficit > 0 {
+		// Envoy admitted requests no grant covered (its no_assignment or expired
+		// behaviour): cover them from the pool, and charge the rest, never refused.
+		from := min(deficit, sh.pool)
+		sh.pool -= from
+		if deficit > from {
+			sh.settle(ctx, deficit-from)
+		}
+		l.charged += deficit
+	}
+	d := sh.decide(ctx, l, now)
+	sh.flush(ctx)
+	return d
+}
+
+// settle charges units Envoy admitted beyond its grants.
+func (sh *share) settle(ctx context.Context, units int64) {
+	p := sh.plan
+	p.Cost = units
+	if _, err := sh.srv.eng.Settle(ctx, p); err != nil {
+		sh.srv.log.Warn("rlqs: charging admissions beyond the grants failed", "units", units, "err", err)
+	}
+	sh.srv.metrics.settled.Add(float64(units))
+}
+
+// demandOf returns the demand of every ledger of the share (requests per second).
+func (sh *share) demandOf() float64 {
+	d := 0.0
+	for l := range sh.ledgers {
+		d += l.demand
+	}
+	return d
+}
+
+// part is ledger l's part of a window's units: its demand's part of them (total
+// is the demand of every Envoy sharing them), at most twice what its demand needs
+// over left or two reporting intervals, whichever is shorter.
+func (sh *share) part(l *ledger, total float64, left time.Duration) int64 {
+	var part float64
+	switch {
+	case total > 0:
+		part = float64(sh.count) * l.demand / total
+	case len(sh.ledgers) > 0:
+		part = float64(sh.count) / float64(len(sh.ledgers))
+	}
+	need := 2*l.demand*min(max(0, left), 2*sh.interval).Seconds() + 1
+	return int64(math.Ceil(min(part, need)))
+}
+
+// desired is what ledger l should still be allowed to admit in the window: its part
+// less what it admitted.
+func (sh *share) desired(l *ledger, total float64, now time.Time) int64 {
+	return max(0, sh.part(l, total, sh.end.Sub(now))-l.allowed)
+}
+
+// decide returns the action for ledger l: a new grant, or nil to keep the one in
+// force.
+// The share's window must be current (report and push see to it).
+func (sh *share) decide(ctx context.Context, l *ledger, now time.Time) decision {
+	l.roll(sh.window)
+	ttl := (sh.end.Sub(now) - ttlMargin).Truncate(time.Second)
+	if ttl < time.Second {
+		// Too close to the window's end for a whole second: the assignment in force
+		// (which expires by then) stays; the next window's push answers.
+		return nil
+	}
+	want := sh.desired(l, sh.demandOf(), now)
+	if l.inForce && now.Before(l.expires) {
+		have := l.pot
+		if l.pending {
+			have = l.newMax
+		}
+		if have >= want/2 && have <= want+want/4+1 {
+			return nil
+		}
+	}
+	if l.pending {
+		// A second assignment before a report: both may still be spent.
+		l.pot += l.newMax
+		l.pending, l.newMax = false, 0
+	}
+	grant := want
+	if need := l.allowed + l.pot + grant - l.charged; need > 0 {
+		got, err := sh.take(ctx, need)
+		if err != nil && !l.inForce {
+			return sh.unavailable(l, now, err)
+		}
+		l.charged += got
+		grant -= need - got
+	}
+	grant = max(0, min(grant, math.MaxUint32))
+	l.pending, l.newMax = true, grant
+	l.inForce = true
+	l.expires = now.Add(ttl)
+	if surplus := l.charged - l.held(); surplus > 0 {
+		l.charged -= surplus
+		sh.pool += surplus
+	}
+	l.gen++
+	sh.srv.metrics.grants.Inc()
+	sh.srv.metrics.granted.Add(float64(grant))
+	if grant == 0 {
+		return blanket(l.id, typev3.RateLimitStrategy_DENY_ALL, ttl)
+	}
+	return tokenBucket(l.id, grant, l.gen, ttl)
+}
+
+// take returns up to units for a ledger: from the pool, else from the store.
+func (sh *share) take(ctx context.Context, units int64) (int64, error) {
+	got := min(units, sh.pool)
+	sh.pool -= got
+	if got == units {
+		return got, nil
+	}
+	t, err := sh.srv.eng.Take(ctx, sh.plan, units-got)
+	sh.srv.metrics.storeCall("take", err)
+	if err != nil {
+		return got, err
+	}
+	if w := t.Verdict.NowMicros / sh.period.Microseconds(); w != sh.window {
+		// The store has moved to the next window before our clock said: these
+		// units are not this window's. Give them back; the push grants the next.
+		sh.giveBack(ctx, t.Units, t.Verdict.NowMicros)
+		return got, nil
+	}
+	if sh.charged == 0 {
+		sh.charged = t.Verdict.NowMicros
+	}
+	return got + t.Units, nil
+}
+
+// startWindow moves the share to the store's current window, taking want units
+// into the pool (0: one unit, to learn the window). The units held for the previous
+// window are lost with it: they were charged to it.
+func (sh *share) startWindow(ctx context.Context, now time.Time, want int64) error {
+	sent := sh.srv.clock()
+	t, err := sh.srv.eng.Take(ctx, sh.plan, max(want, 1))
+	sh.srv.metrics.storeCall("take", err)
+	if err != nil {
+		return err
+	}
+	w := t.Verdict.NowMicros / sh.period.Microseconds()
+	reset := sh.period
+	for _, lr := range t.Verdict.Limits {
+		reset = min(reset, lr.ResetAfter)
+	}
+	// The window ends reset after the store's now, which came after sent: ending it
+	// at sent + reset is early, never late.
+	sh.end = sent.Add(reset)
+	if w != sh.window {
+		sh.window, sh.pool, sh.charged = w, 0, t.Verdict.NowMicros
+	}
+	sh.pool += t.Units
+	return nil
+}
+
+// flush gives the pool's units back to the store, for every instance to take.
+func (sh *share) flush(ctx context.Context) {
+	if sh.pool > 0 {
+		sh.giveBack(ctx, sh.pool, sh.charged)
+		sh.pool = 0
+	}
+}
+
+func (sh *share) giveBack(ctx context.Context, units, charged int64) {
+	err := sh.srv.eng.GiveBack(ctx, sh.plan, units, charged)
+	sh.srv.metrics.storeCall("give_back", err)
+	if err != nil {
+		sh.srv.log.Warn("rlqs: giving back unused units failed; they stay charged until the window ends", "units", units, "err", err)
+	}
+}
+
+// unavailable is the action for a ledger with no assignment in force when the store
+// cannot be reached: the policy's failure mode, for one reporting interval.
+func (sh *share) unavailable(l *ledger, now time.Time, err error) decision {
+	sh.srv.log.Warn("rlqs: the store failed; applying the failure mode", "mode", string(sh.failure.Mode), "err", err)
+	sh.srv.metrics.failureMode.WithLabelValues(string(sh.failure.Mode)).Inc()
+	if l.inForce && now.Before(l.expires) {
+		return nil // the grant in force stays until it expires
+	}
+	ttl := sh.interval
+	switch sh.failure.Mode {
+	case policy.FailClosed:
+		return blanket(l.id, typev3.RateLimitStrategy_DENY_ALL, ttl)
+	case policy.FailLocal:
+		n := max(1, int64(sh.failure.ExpectedInstances)) * max(1, int64(len(sh.ledgers)))
+		per := max(1, sh.count*int64(ttl)/int64(sh.period)/n)
+		l.gen++
+		return tokenBucket(l.id, min(per, math.MaxUint32), l.gen, ttl)
+	default:
+		return blanket(l.id, typev3.RateLimitStrategy_ALLOW_ALL, ttl)
+	}
+}
+
+// leave removes ledger l from the share and gives back what it holds of the
+// window's units: its stream ended, so it reports nothing more. What its Envoy
+// may still admit under the assignment in force is given back too (see the
+// documentation of a broken stream).
+func (sh *share) leave(ctx context.Context, l *ledger, now time.Time) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	delete(sh.ledgers, l)
+	if len(sh.ledgers) == 0 {
+		sh.idle = now
+	}
+	if l.window == sh.window && sh.window != 0 {
+		if unused := l.charged - l.allowed; unused > 0 {
+			sh.pool += unused
+		}
+	}
+	l.charged = 0
+	sh.flush(ctx)
+}
+
+// push starts a window for every ledger whose Envoy has demand: it takes their
+// units at once and returns the actions to send, by stream.
+func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if len(sh.ledgers) == 0 || sh.window == 0 || now.Before(sh.end.Add(windowGuard)) {
+		return nil
+	}
+	total := sh.demandOf()
+	if total == 0 {
+		return nil
+	}
+	var want int64
+	for l := range sh.ledgers {
+		want += sh.part(l, total, sh.period)
+	}
+	if err := sh.startWindow(ctx, now, want); err != nil {
+		sh.srv.log.Warn("rlqs: starting a window failed; assignments in force expire, then Envoy's fallback applies", "err", err)
+		return nil
+	}
+	out := map[*stream][]decision{}
+	for l := range sh.ledgers {
+		if l.demand == 0 {
+			continue // an idle bucket is answered at its next report
+		}
+		if d := sh.decide(ctx, l, now); d != nil {
+			out[l.st] = append(out[l.st], d)
+		}
+	}
+	sh.flush(ctx)
+	return out
+}
+
+// blanket is an assignment of a blanket rule.
+func blanket(id *rlqspb.BucketId, rule typev3.RateLimitStrategy_BlanketRule, ttl time.Duration) decision {
+	return assignment(id, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: rule}}, ttl)
+}
+
+// tokenBucket is a grant of units: a token bucket that starts full with units and
+// refills less than one token in its life. Envoy keeps a token bucket's state when
+// an assignment equal to the last arrives, comparing max_tokens, tokens_per_fill
+// and the nanos of fill_interval only, and rates it in whole seconds of
+// fill_interval; the nanos carry gen, so that every grant differs from the last and
+// Envoy starts it full, without changing the rate.
+func tokenBucket(id *rlqspb.BucketId, units int64, gen uint32, ttl time.Duration) decision {
+	fill := durationpb.New(fillInterval)
+	fill.Nanos = int32(1 + gen%999_999_999)
+	return assignment(id, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
+		MaxTokens:     uint32(units),
+		TokensPerFill: wrapperspb.UInt32(1),
+		FillInterval:  fill,
+	}}}, ttl)
+}
+
+func assignment(id *rlqspb.BucketId, s *typev3.RateLimitStrategy, ttl time.Duration) decision {
+	return &rlqspb.RateLimitQuotaResponse_BucketAction{
+		BucketId: id,
+		BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
+			QuotaAssignmentAction: &rlqspb.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+				AssignmentTimeToLive: durationpb.New(ttl.Truncate(time.Second)),
+				RateLimitStrategy:    s,
+			},
+		},
+	}
+}
