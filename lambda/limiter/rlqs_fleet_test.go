@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -44,7 +46,7 @@ const fleetPolicy = `domain: fleet
 rules:
   - name: per-tenant
     match: {tenant: "*"}
-    rlqs: {}
+    rlqs: {reporting_interval: %s}
     limits: [{algorithm: fixed_window, rate: %d/%s}]
 `
 
@@ -116,6 +118,7 @@ type fleet struct {
 	insts   []*rlqsInstance
 	envoys  []*fleetEnvoy
 	phases  []*phase
+	mon     *redisMonitor
 	windows map[int64]bool // windows some phase asserted on
 }
 
@@ -123,7 +126,7 @@ func startFleet(t *testing.T, redisURL string, cluster bool, nodes []*redistest.
 	t.Helper()
 	dir := t.TempDir()
 	policy := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policy, fmt.Appendf(nil, fleetPolicy, fleetLimit, fleetWindow), 0o600); err != nil {
+	if err := os.WriteFile(policy, fmt.Appendf(nil, fleetPolicy, fleetReport, fleetLimit, fleetWindow), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	f := &fleet{t: t, redis: nodes, windows: map[int64]bool{}}
@@ -195,60 +198,102 @@ func (f *fleet) setDemand(active []*fleetEnvoy) {
 	}
 }
 
-// redisCalls sums the commands every Redis master has run (INFO
-// commandstats: every command, those scripts run included, so an upper bound
-// on round trips) and, of them, the script calls. Between two readings it
-// counts one INFO of its own per master, which phase.end takes off.
-func (f *fleet) redisCalls() (all, scripts float64) {
+// redisMonitor counts the commands clients send a Redis node, through
+// MONITOR: one line per command a client sent (a round trip's worth), apart
+// from the commands scripts run, which MONITOR marks "lua" and which are no
+// round trips. The commands this test sends itself (none while monitoring)
+// are not among them.
+type redisMonitor struct {
+	mu     sync.Mutex
+	counts map[string]int64 // by command name, upper-case
+}
+
+func (f *fleet) monitor() {
 	f.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+	f.mon = &redisMonitor{counts: map[string]int64{}}
 	for _, n := range f.redis {
-		c := redis.NewClient(&redis.Options{Addr: n.Addr})
-		st, err := redisinfo.Read(ctx, c)
-		c.Close()
+		c, err := net.Dial("tcp", n.Addr)
 		if err != nil {
-			f.t.Fatalf("INFO on %s: %v", n.Addr, err)
+			f.t.Fatal(err)
 		}
-		all += st.Sum(func(string) bool { return true }).Calls
-		scripts += st.Sum(func(name string) bool {
-			return slices.Contains([]string{"evalsha", "eval", "fcall", "fcall_ro", "evalsha_ro", "eval_ro"}, name)
-		}).Calls
+		f.t.Cleanup(func() { c.Close() })
+		if _, err := c.Write([]byte("MONITOR\r\n")); err != nil {
+			f.t.Fatal(err)
+		}
+		r := bufio.NewReader(c)
+		if line, err := r.ReadString('\n'); err != nil || line != "+OK\r\n" {
+			f.t.Fatalf("MONITOR on %s: %q, %v", n.Addr, line, err)
+		}
+		go func() {
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				// +1700000000.000000 [0 127.0.0.1:5555] "EVALSHA" "..."
+				_, rest, ok := strings.Cut(line, "] \"")
+				if !ok || strings.Contains(line, " lua] ") {
+					continue
+				}
+				name, _, _ := strings.Cut(rest, "\"")
+				f.mon.mu.Lock()
+				f.mon.counts[strings.ToUpper(name)]++
+				f.mon.mu.Unlock()
+			}
+		}()
 	}
-	return all, scripts
+}
+
+// redisCalls returns the commands clients have sent Redis so far, by name.
+func (f *fleet) redisCalls() map[string]int64 {
+	f.mon.mu.Lock()
+	defer f.mon.mu.Unlock()
+	return maps.Clone(f.mon.counts)
 }
 
 // A phase is a stretch of the run between two events: what each Envoy and the
 // fleet admitted in the windows that lie wholly inside it, and what Redis ran.
 type phase struct {
-	name       string
-	from, to   time.Time
-	redisFrom  [2]float64
-	redisCalls float64 // all commands, less the count's own INFO
-	scripts    float64
-	windows    []int64
-	fleet      map[int64]envoyrlqs.Counts // per window
-	perEnvoy   map[string]envoyrlqs.Counts
-	active     []*fleetEnvoy // the Envoys with demand in the phase
+	name      string
+	from, to  time.Time
+	redisFrom map[string]int64
+	redis     map[string]int64 // commands clients sent Redis in the phase, by name
+	windows   []int64
+	fleet     map[int64]envoyrlqs.Counts // per window
+	perEnvoy  map[string]envoyrlqs.Counts
+	active    []*fleetEnvoy // the Envoys with demand in the phase
+	checks    []func(*phase)
+	servers   map[string]string // each Envoy's server at the phase's end
 }
 
-// begin starts a phase now, with active the Envoys that have demand in it.
-func (f *fleet) begin(name string, active []*fleetEnvoy) *phase {
+// begin starts a phase of n windows now, a few milliseconds into a window,
+// with active the Envoys that have demand in it.
+func (f *fleet) begin(name string, active []*fleetEnvoy, n int) *phase {
 	ph := &phase{name: name, from: time.Now(), active: slices.Clone(active)}
-	ph.redisFrom[0], ph.redisFrom[1] = f.redisCalls()
+	first := ph.from.UnixNano() / int64(fleetWindow)
+	for i := range int64(n) {
+		ph.windows = append(ph.windows, first+i)
+	}
+	ph.redisFrom = f.redisCalls()
 	return ph
 }
 
-// end ends ph now and reads its counts.
-func (f *fleet) end(ph *phase) *phase {
+// end ends ph's count of Redis commands now.
+func (f *fleet) end(ph *phase) {
 	ph.to = time.Now()
-	all, scripts := f.redisCalls()
-	ph.redisCalls = all - ph.redisFrom[0] - float64(len(f.redis))
-	ph.scripts = scripts - ph.redisFrom[1]
-	w := int64(fleetWindow)
-	for i := (ph.from.UnixNano() + w - 1) / w; (i+1)*w <= ph.to.UnixNano(); i++ {
-		ph.windows = append(ph.windows, i)
+	ph.servers = map[string]string{}
+	for _, fe := range f.envoys {
+		ph.servers[fe.name] = f.instName(fe.e.Server())
 	}
+	ph.redis = f.redisCalls()
+	for k, v := range ph.redisFrom {
+		ph.redis[k] -= v
+	}
+	f.phases = append(f.phases, ph)
+}
+
+// fill reads ph's admissions from the Envoys, once its windows are over.
+func (f *fleet) fill(ph *phase) {
 	ph.fleet = map[int64]envoyrlqs.Counts{}
 	ph.perEnvoy = map[string]envoyrlqs.Counts{}
 	for _, fe := range f.envoys {
@@ -266,8 +311,15 @@ func (f *fleet) end(ph *phase) *phase {
 		}
 		ph.perEnvoy[fe.name] = sum
 	}
-	f.phases = append(f.phases, ph)
-	return ph
+}
+
+// redisTotal is the number of commands clients sent Redis in the phase.
+func (ph *phase) redisTotal() int64 {
+	var n int64
+	for _, v := range ph.redis {
+		n += v
+	}
+	return n
 }
 
 // admitted is the fleet's admissions over the phase's windows.
@@ -317,7 +369,7 @@ func (f *fleet) log(ph *phase) {
 		fmt.Fprintf(&b, "  %-8d  %8d  %6d  %7.1f%%\n", i%100000, c.Admitted, c.Denied, 100*float64(c.Admitted)/fleetLimit)
 	}
 	errs := ph.shareErrors()
-	fmt.Fprintf(&b, "  envoy        admitted  denied  share-vs-demand  server\n")
+	fmt.Fprintf(&b, "  envoy        admitted  denied  share-vs-demand  stream at end\n")
 	for _, fe := range f.envoys {
 		c := ph.perEnvoy[fe.name]
 		e, ok := errs[fe.name]
@@ -325,11 +377,17 @@ func (f *fleet) log(ph *phase) {
 		if ok {
 			se = fmt.Sprintf("%+6.1f%%", 100*e)
 		}
-		fmt.Fprintf(&b, "  %-11s  %8d  %6d  %15s  %s\n", fe.name, c.Admitted, c.Denied, se, f.instName(fe.e.Server()))
+		fmt.Fprintf(&b, "  %-11s  %8d  %6d  %15s  %s\n", fe.name, c.Admitted, c.Denied, se, ph.servers[fe.name])
 	}
 	adm := ph.admitted()
-	fmt.Fprintf(&b, "  Redis: %.0f commands (%.0f script calls) for %d admitted: %.4f commands per admitted request",
-		ph.redisCalls, ph.scripts, adm, ph.redisCalls/float64(max(adm, 1)))
+	var cmds []string
+	for _, k := range slices.Sorted(maps.Keys(ph.redis)) {
+		if ph.redis[k] != 0 {
+			cmds = append(cmds, fmt.Sprintf("%s %d", k, ph.redis[k]))
+		}
+	}
+	fmt.Fprintf(&b, "  Redis: %d commands (%s) for %d admitted: %.4f per admitted request",
+		ph.redisTotal(), strings.Join(cmds, ", "), adm, float64(ph.redisTotal())/float64(max(adm, 1)))
 	f.t.Log(b.String())
 }
 
@@ -360,11 +418,11 @@ func (f *fleet) redisPIDs() []int {
 	return pids
 }
 
+// signalAll sends sig to every process of pids; it may run on any goroutine.
 func signalAll(t *testing.T, pids []int, sig syscall.Signal) {
-	t.Helper()
 	for _, pid := range pids {
 		if err := syscall.Kill(pid, sig); err != nil {
-			t.Fatalf("kill(%d, %v): %v", pid, sig, err)
+			t.Errorf("kill(%d, %v): %v", pid, sig, err)
 		}
 	}
 }
@@ -423,22 +481,51 @@ func (f *fleet) checkUsed(ph *phase) {
 // checkRedis fails unless Redis ran at most 0.01 commands per admitted request.
 func (f *fleet) checkRedis(ph *phase) {
 	f.t.Helper()
-	if r := ph.redisCalls / float64(max(ph.admitted(), 1)); r > 0.01 {
-		f.t.Errorf("%s: %.4f Redis commands per admitted request (%.0f for %d), want at most 0.01", ph.name, r, ph.redisCalls, ph.admitted())
+	if r := float64(ph.redisTotal()) / float64(max(ph.admitted(), 1)); r > 0.01 {
+		f.t.Errorf("%s: %.4f Redis commands per admitted request (%d for %d), want at most 0.01", ph.name, r, ph.redisTotal(), ph.admitted())
 	}
 }
 
-// during runs a phase of d with active Envoys, and logs it.
-func (f *fleet) during(name string, active []*fleetEnvoy, d time.Duration) *phase {
-	ph := f.begin(name, active)
-	time.Sleep(d)
+// alignToWindow waits until the next window starts.
+func alignToWindow() {
+	w := int64(fleetWindow)
+	next := (time.Now().UnixNano()/w + 1) * w
+	time.Sleep(time.Until(time.Unix(0, next)) + 5*time.Millisecond)
+}
+
+// during runs a phase of n windows, from the start of the next, with active
+// Envoys. event, if not nil, runs at the phase's start; checks run on the
+// phase's figures at the end of the run, once every window is over.
+func (f *fleet) during(name string, active []*fleetEnvoy, n int, event func(), checks ...func(*phase)) *phase {
+	alignToWindow()
+	if event != nil {
+		event()
+	}
+	ph := f.begin(name, active, n)
+	ph.checks = checks
+	end := time.Unix(0, (ph.windows[len(ph.windows)-1]+1)*int64(fleetWindow))
+	time.Sleep(time.Until(end) - 5*time.Millisecond)
 	f.end(ph)
-	f.log(ph)
 	return ph
+}
+
+// finish waits for the last window to end, then logs every phase and runs its
+// checks.
+func (f *fleet) finish() {
+	time.Sleep(50 * time.Millisecond)
+	for _, ph := range f.phases {
+		f.fill(ph)
+		f.log(ph)
+		for _, c := range ph.checks {
+			c(ph)
+		}
+	}
 }
 
 func (f *fleet) run() {
 	t := f.t
+	pids := f.redisPIDs()
+	f.monitor()
 	for i, w := range fleetWeights {
 		f.addEnvoy(w, i%2)
 	}
@@ -447,72 +534,54 @@ func (f *fleet) run() {
 	for _, fe := range active {
 		go fe.run()
 	}
+	bounded := []func(*phase){f.checkWindows}
+	settled := []func(*phase){f.checkWindows, f.checkShares, f.checkUsed}
 
 	// Steady: after 3 reporting intervals, the limit is shared by demand.
 	time.Sleep(3 * fleetReport)
-	steady := f.during("steady", active, 3*fleetWindow)
-	f.checkWindows(steady)
-	f.checkShares(steady)
-	f.checkUsed(steady)
-	f.checkRedis(steady)
+	f.during("steady", active, 2, nil, f.checkWindows, f.checkShares, f.checkUsed, f.checkRedis)
 
-	// A ninth Envoy joins; the fleet's total demand stays the same.
+	// A ninth Envoy joins; the fleet's total demand stays the same. It gets
+	// a share at once: its first report is answered.
 	newcomer := f.addEnvoy(4, 0)
-	active = append(active, newcomer)
-	f.setDemand(active)
-	go newcomer.run()
-	first := f.during("join: first interval", active, fleetReport)
-	if got := first.perEnvoy[newcomer.name].Admitted; got < 10 {
-		t.Errorf("join: the newcomer admitted %d in its first reporting interval, want a share at once (at least 10)", got)
-	}
-	time.Sleep(2 * fleetReport)
-	joined := f.during("join: after 3 intervals", active, 2*fleetWindow)
-	f.checkWindows(joined)
-	f.checkShares(joined)
-	f.checkUsed(joined)
+	f.during("join: first window", append(slices.Clone(active), newcomer), 1, func() {
+		active = append(active, newcomer)
+		f.setDemand(active)
+		go newcomer.run()
+	}, f.checkWindows, func(ph *phase) {
+		if got, want := ph.perEnvoy[newcomer.name].Admitted, int64(fleetLimit*4/30/2); got < want {
+			t.Errorf("%s: the newcomer admitted %d, want a share at once (at least %d, half its demand-proportional share)", ph.name, got, want)
+		}
+	})
+	f.during("join: after 3 intervals", active, 2, nil, settled...)
 
 	// The two busiest Envoys leave: one goes idle, one shuts down. Their
 	// share flows to the others within a few intervals.
 	idle, gone := active[6], active[7]
-	idle.setRate(0)
-	gone.leave()
-	active = slices.DeleteFunc(slices.Clone(active), func(fe *fleetEnvoy) bool { return fe == idle || fe == gone })
-	f.setDemand(active)
-	leaving := f.during("leave: first 3 intervals", active, 3*fleetReport)
-	f.checkWindows(leaving)
-	left := f.during("leave: after 3 intervals", active, 2*fleetWindow)
-	f.checkWindows(left)
-	f.checkShares(left)
-	f.checkUsed(left)
+	rest := slices.DeleteFunc(slices.Clone(active), func(fe *fleetEnvoy) bool { return fe == idle || fe == gone })
+	f.during("leave: first window", rest, 1, func() {
+		idle.setRate(0)
+		gone.leave()
+		active = rest
+		f.setDemand(active)
+	}, bounded...)
+	f.during("leave: after 3 intervals", active, 2, nil, settled...)
 
 	// tollgate0 dies: its Envoys' streams break and reopen on tollgate1 at
 	// their next report.
-	f.insts[0].kill()
-	killed := f.during("kill: first 3 intervals", active, 3*fleetReport)
-	f.checkWindows(killed)
+	f.during("kill tollgate0: first window", active, 1, f.insts[0].kill, bounded...)
 	for _, fe := range active {
 		if got := fe.e.Server(); got != f.insts[1].grpc {
-			t.Errorf("kill: %s streams to %q, want tollgate1 %s", fe.name, got, f.insts[1].grpc)
+			t.Errorf("kill: %s streams to %q two seconds after, want tollgate1 %s", fe.name, got, f.insts[1].grpc)
 		}
 	}
-	afterKill := f.during("kill: after 3 intervals", active, 2*fleetWindow)
-	f.checkWindows(afterKill)
-	f.checkShares(afterKill)
-	f.checkUsed(afterKill)
+	f.during("kill tollgate0: after 3 intervals", active, 2, nil, settled...)
 
-	// Redis stops answering for 5 s.
-	pids := f.redisPIDs()
-	paused := f.begin("redis paused 5s", active)
-	signalAll(t, pids, syscall.SIGSTOP)
-	time.Sleep(5 * time.Second)
-	signalAll(t, pids, syscall.SIGCONT)
-	f.end(paused)
-	f.log(paused)
-	f.checkWindows(paused)
-	recovered := f.during("redis back: first 3 intervals", active, 3*fleetReport)
-	f.checkWindows(recovered)
-	settled := f.during("redis back: after 3 intervals", active, 2*fleetWindow)
-	f.checkWindows(settled)
-	f.checkShares(settled)
-	f.checkUsed(settled)
+	// Redis stops answering for 5 s (SIGSTOP), then answers again.
+	f.during("redis paused 5s", active, 3, func() {
+		signalAll(t, pids, syscall.SIGSTOP)
+		time.AfterFunc(5*time.Second, func() { signalAll(t, pids, syscall.SIGCONT) })
+	}, bounded...)
+	f.during("redis back: after 3 intervals", active, 2, nil, settled...)
+	f.finish()
 }
