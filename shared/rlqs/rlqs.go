@@ -340,6 +340,9 @@ func (s *Server) shareFor(p engine.Plan) *share {
 		}
 		sh.interval = max(sh.interval, it.Rule.RLQS.ReportingInterval)
 	}
+	if sh.board == nil || sh.board.period != demandWindows*sh.interval {
+		sh.board = newBoard(items[0].Key, sh.interval)
+	}
 	sh.failure = s.eng.Policy().Failure
 	return sh
 }

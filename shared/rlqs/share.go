@@ -55,6 +55,7 @@ type share struct {
 	pool    int64     // units taken in window and held by no ledger
 	ledgers map[*ledger]struct{}
 	idle    time.Time // when the last ledger left (zero while one is here)
+	board   *board    // every instance's demand
 }
 
 // A ledger is one stream's bucket within a share.
@@ -72,8 +73,8 @@ type ledger struct {
 	newMax  int64
 	carry   int64 // what assignments of the previous window may have admitted, unreported
 
-	demand  float64 // requests per second, smoothed
-	samples int     // reports that measured the demand (time_elapsed of 1s or more)
+	demand  float64   // requests per second, smoothed
+	samples int       // reports that measured the demand (time_elapsed of 1s or more)
 	gen     uint32    // numbers assignments, so that each differs from the last
 	expires time.Time // our clock when the assignment in force expires at the latest
 	inForce bool      // an assignment of window is in force (token bucket or deny)
@@ -188,8 +189,11 @@ func (sh *share) report(ctx context.Context, l *ledger, allowed, denied uint64, 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.observe(l, allowed, denied, elapsed)
+	if sh.board.next.IsZero() {
+		sh.publishDemand(ctx, now)
+	}
 	if sh.window == 0 || !now.Before(sh.end.Add(windowGuard)) {
-		if err := sh.startWindow(ctx, now, sh.part(l, sh.demandOf(), sh.period)); err != nil {
+		if err := sh.startWindow(ctx, now, sh.part(l, sh.totalDemand(now), sh.period)); err != nil {
 			l.account(int64(min(allowed, math.MaxInt32)))
 			return sh.unavailable(l, now, err)
 		}
@@ -230,6 +234,26 @@ func (sh *share) demandOf() float64 {
 	return d
 }
 
+// totalDemand is the demand of every Envoy on the share's quota, on every
+// instance: this instance's now, and the others' as the demand counter last said.
+func (sh *share) totalDemand(now time.Time) float64 {
+	return sh.demandOf() + sh.board.others(now, sh.interval)
+}
+
+// publishDemand adds this instance's demand to the counter every reporting
+// interval (and at once for a new share).
+func (sh *share) publishDemand(ctx context.Context, now time.Time) {
+	if now.Before(sh.board.next) {
+		return
+	}
+	sh.board.next = now.Add(sh.interval)
+	err := sh.board.publish(ctx, sh.srv.eng, sh.demandOf(), now)
+	sh.srv.metrics.storeCall("demand", err)
+	if err != nil {
+		sh.srv.log.Warn("rlqs: publishing the demand failed; shares follow this instance's demand alone until it succeeds", "err", err)
+	}
+}
+
 // part is ledger l's part of a window's units: its demand's part of them (total
 // is the demand of every Envoy sharing them), at most twice what its demand needs
 // over left or two reporting intervals, whichever is shorter.
@@ -262,7 +286,7 @@ func (sh *share) decide(ctx context.Context, l *ledger, now time.Time) decision 
 		// (which expires by then) stays; the next window's push answers.
 		return nil
 	}
-	want := sh.desired(l, sh.demandOf(), now)
+	want := sh.desired(l, sh.totalDemand(now), now)
 	if l.inForce && now.Before(l.expires) {
 		have := l.pot
 		if l.pending {
@@ -310,7 +334,8 @@ func (sh *share) take(ctx context.Context, units int64) (int64, error) {
 	if got == units {
 		return got, nil
 	}
-	t, err := sh.srv.eng.Take(ctx, sh.plan, units-got)
+	sent := sh.srv.clock()
+	t, err := sh.srv.eng.Take(ctx, sh.plan, min(units-got, sh.count))
 	sh.srv.metrics.storeCall("take", err)
 	if err != nil {
 		return got, err
@@ -321,10 +346,25 @@ func (sh *share) take(ctx context.Context, units int64) (int64, error) {
 		sh.giveBack(ctx, t.Units, t.Verdict.NowMicros)
 		return got, nil
 	}
+	if end, ok := windowEnd(t.Verdict, sent); ok && end.Before(sh.end) {
+		sh.end = end
+	}
 	if sh.charged == 0 {
 		sh.charged = t.Verdict.NowMicros
 	}
 	return got + t.Units, nil
+}
+
+// windowEnd returns when the window of the limits a take decided ends on our clock:
+// reset after the store's time, which came after sent, so sent + reset is early,
+// never late. ok is false when no limit says (a window the take left empty).
+func windowEnd(v engine.Verdict, sent time.Time) (end time.Time, ok bool) {
+	for _, lr := range v.Limits {
+		if lr.ResetAfter > 0 && (!ok || sent.Add(lr.ResetAfter).Before(end)) {
+			end, ok = sent.Add(lr.ResetAfter), true
+		}
+	}
+	return end, ok
 }
 
 // startWindow moves the share to the store's current window, taking want units
@@ -332,19 +372,19 @@ func (sh *share) take(ctx context.Context, units int64) (int64, error) {
 // window are lost with it: they were charged to it.
 func (sh *share) startWindow(ctx context.Context, now time.Time, want int64) error {
 	sent := sh.srv.clock()
-	t, err := sh.srv.eng.Take(ctx, sh.plan, max(want, 1))
+	t, err := sh.srv.eng.Take(ctx, sh.plan, min(max(want, 1), sh.count))
 	sh.srv.metrics.storeCall("take", err)
 	if err != nil {
 		return err
 	}
 	w := t.Verdict.NowMicros / sh.period.Microseconds()
-	reset := sh.period
-	for _, lr := range t.Verdict.Limits {
-		reset = min(reset, lr.ResetAfter)
+	end, ok := windowEnd(t.Verdict, sent)
+	if !ok {
+		// Nothing taken from an empty window: it ends at the latest at the next
+		// multiple of the period after the store's time.
+		end = sent.Add(time.Duration((w+1)*sh.period.Microseconds()-t.Verdict.NowMicros) * time.Microsecond)
 	}
-	// The window ends reset after the store's now, which came after sent: ending it
-	// at sent + reset is early, never late.
-	sh.end = sent.Add(reset)
+	sh.end = end
 	if w != sh.window {
 		sh.window, sh.pool, sh.charged = w, 0, t.Verdict.NowMicros
 	}
@@ -415,11 +455,14 @@ func (sh *share) leave(ctx context.Context, l *ledger, now time.Time) {
 func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if len(sh.ledgers) > 0 {
+		sh.publishDemand(ctx, now)
+	}
 	if len(sh.ledgers) == 0 || sh.window == 0 || now.Before(sh.end.Add(windowGuard)) {
 		return nil
 	}
-	total := sh.demandOf()
-	if total == 0 {
+	total := sh.totalDemand(now)
+	if sh.demandOf() == 0 {
 		return nil
 	}
 	var want int64

@@ -1,0 +1,182 @@
+package rlqs_test
+
+import (
+	"context"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+
+	"github.com/tollgate-dev/tollgate/shared/rlqs"
+)
+
+// envoy is one stream as a test drives it: it sends reports and keeps every
+// action the service sends, with when it came.
+type envoy struct {
+	t  *testing.T
+	st rlqspb.RateLimitQuotaService_StreamRateLimitQuotasClient
+
+	mu      sync.Mutex
+	actions []received
+	err     error
+	done    chan struct{}
+}
+
+type received struct {
+	at     time.Time
+	action *rlqspb.RateLimitQuotaResponse_BucketAction
+}
+
+func openEnvoy(t *testing.T, ctx context.Context, c rlqspb.RateLimitQuotaServiceClient) *envoy {
+	t.Helper()
+	st, err := c.StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &envoy{t: t, st: st, done: make(chan struct{})}
+	go func() {
+		defer close(e.done)
+		for {
+			r, err := st.Recv()
+			e.mu.Lock()
+			if err != nil {
+				e.err = err
+				e.mu.Unlock()
+				return
+			}
+			for _, a := range r.BucketAction {
+				e.actions = append(e.actions, received{time.Now(), a})
+			}
+			e.mu.Unlock()
+		}
+	}()
+	return e
+}
+
+func (e *envoy) send(us ...*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage) {
+	e.t.Helper()
+	if err := e.st.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "fleet", BucketQuotaUsages: us}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// count returns how many actions have come.
+func (e *envoy) count() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.actions)
+}
+
+// waitFor waits until the stream has received n actions, or fails the test.
+func (e *envoy) waitFor(n int) {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for e.count() < n {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("received %d actions, want %d (stream error %v)", e.count(), n, e.err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// last returns the last action received.
+func (e *envoy) last() received {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.actions[len(e.actions)-1]
+}
+
+// waitUntil polls cond until it holds, or fails the test after a generous deadline.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still not so after 30s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestSkewedDemand has two Envoys report a demand of 600 and 200 requests per
+// second on one tenant: the grants pushed at the next window's start share its
+// 6000 units 3 to 1, and the store has charged exactly what was granted.
+func TestSkewedDemand(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			eng := newEngine(t, b.start(t), b.cluster, testPolicy)
+			c, _ := serve(t, eng, rlqs.Limits{})
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			a, bb := openEnvoy(t, ctx, c), openEnvoy(t, ctx, c)
+			a.send(usage(0, 1, 0, "tenant", "s"))
+			a.waitFor(1)
+			bb.send(usage(0, 1, 0, "tenant", "s"))
+			bb.waitFor(1)
+			// Five seconds of demand each, all denied: nothing admitted to charge.
+			a.send(usage(0, 3000, 5*time.Second, "tenant", "s"))
+			bb.send(usage(0, 1000, 5*time.Second, "tenant", "s"))
+			// Wait for a window's start: both get a push.
+			na, nb := a.count(), bb.count()
+			start := time.Now()
+			waitUntil(t, "a push to both after a window's start", func() bool {
+				return a.count() > na && bb.count() > nb && a.last().at.After(start) && bb.last().at.After(start) &&
+					a.last().action.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() >= 8*time.Second &&
+					bb.last().action.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() >= 8*time.Second
+			})
+			ga, gb := grantOf(a.last().action), grantOf(bb.last().action)
+			t.Logf("grants at the window's start: %d and %d", ga, gb)
+			if ga+gb > 6000 {
+				t.Errorf("grants %d + %d = %d, over the limit of 6000", ga, gb, ga+gb)
+			}
+			if ratio := float64(ga) / float64(max(1, gb)); math.Abs(ratio-3) > 0.15 {
+				t.Errorf("grants %d and %d: ratio %.2f, want 3 (demand 600 to 200)", ga, gb, ratio)
+			}
+			if got := remaining(t, eng, "s"); got != 6000-ga-gb && got != 6000 {
+				t.Errorf("remaining = %d, want %d: the store charged exactly the grants (or a new window)", got, 6000-ga-gb)
+			}
+		})
+	}
+}
+
+// TestClosedStreamGivesBack closes a stream that holds a grant: its unused units go
+// back to the store, for the other Envoys.
+func TestClosedStreamGivesBack(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			eng := newEngine(t, b.start(t), b.cluster, testPolicy)
+			c, _ := serve(t, eng, rlqs.Limits{})
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			var g int64
+			for { // a window with room for a grant of at least 2s
+				sctx, scancel := context.WithCancel(ctx)
+				e := openEnvoy(t, sctx, c)
+				e.send(usage(0, 1, 0, "tenant", "c"))
+				e.waitFor(1)
+				r := e.last().action
+				if ttl := r.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration(); ttl < 3*time.Second {
+					scancel()
+					time.Sleep(ttl + time.Second)
+					continue
+				}
+				g = grantOf(r)
+				if got := remaining(t, eng, "c"); got != 6000-g {
+					t.Fatalf("remaining with the grant = %d, want %d", got, 6000-g)
+				}
+				if err := e.st.CloseSend(); err != nil {
+					t.Fatal(err)
+				}
+				<-e.done
+				scancel()
+				break
+			}
+			if g < 1 {
+				t.Fatalf("grant = %d, want at least 1", g)
+			}
+			waitUntil(t, "the grant given back", func() bool { return remaining(t, eng, "c") == 6000 })
+		})
+	}
+}
