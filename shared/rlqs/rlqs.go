@@ -49,9 +49,9 @@ const (
 // Limits bound what a stream may make the service hold; the zero value of a field
 // is its default.
 type Limits struct {
-	// MaxStreamBuckets is how many buckets one stream may report (default 1000);
-	// the usage of further buckets is dropped and counted, and Envoy applies its
-	// no_assignment_behavior to them.
+	// MaxStreamBuckets is how many buckets one stream may report (default 1000),
+	// and how many usages one report may carry: the usage of further buckets is
+	// dropped and counted, and Envoy applies its no_assignment_behavior to them.
 	MaxStreamBuckets int
 	// MaxBuckets is how many buckets all streams together may report (default
 	// 100000), dropped likewise past it.
@@ -232,6 +232,12 @@ func (st *stream) report(ctx context.Context, r *rlqspb.RateLimitQuotaUsageRepor
 	}
 	now := s.clock()
 	usages := r.GetBucketQuotaUsages()
+	if n := s.limits.MaxStreamBuckets; len(usages) > n {
+		// More buckets than a stream may have: the rest cannot all be new or
+		// known ones, and are dropped unread.
+		s.metrics.dropped.WithLabelValues("buckets").Add(float64(len(usages) - n))
+		usages = usages[:n]
+	}
 	if !st.admit(len(usages), now) {
 		s.metrics.dropped.WithLabelValues("rate").Inc()
 		return nil

@@ -62,6 +62,13 @@ func (e *envoy) send(us ...*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage) 
 	}
 }
 
+// failed returns the error the stream ended with, or nil while it is open.
+func (e *envoy) failed() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.err
+}
+
 // count returns how many actions have come.
 func (e *envoy) count() int {
 	e.mu.Lock()
@@ -177,6 +184,62 @@ func TestClosedStreamGivesBack(t *testing.T) {
 				t.Fatalf("grant = %d, want at least 1", g)
 			}
 			waitUntil(t, "the grant given back", func() bool { return remaining(t, eng, "c") == 6000 })
+		})
+	}
+}
+
+// TestSkewedDemandAcrossInstances has two instances on one Redis, each with one
+// Envoy, report a demand of 6000 and 2000 requests per second on one tenant: the
+// instances see each other's demand through the store, and the grants pushed at a
+// window's start share its 6000 units 3 to 1.
+func TestSkewedDemandAcrossInstances(t *testing.T) {
+	const doc = `
+domain: fleet
+failure: {timeout: 2s}
+rules:
+  - name: per-tenant
+    match: {tenant: "*"}
+    rlqs: {reporting_interval: 1s}
+    limits: [{algorithm: fixed_window, rate: 6000/10s}]
+`
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			url := b.start(t)
+			eng1, eng2 := newEngine(t, url, b.cluster, doc), newEngine(t, url, b.cluster, doc)
+			c1, _ := serve(t, eng1, rlqs.Limits{})
+			c2, _ := serve(t, eng2, rlqs.Limits{})
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			a, bb := openEnvoy(t, ctx, c1), openEnvoy(t, ctx, c2)
+			a.send(usage(0, 1, 0, "tenant", "x"))
+			bb.send(usage(0, 1, 0, "tenant", "x"))
+			a.waitFor(1)
+			bb.waitFor(1)
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				// Reports as Envoy sends them, each saying 5s of demand, all denied.
+				a.send(usage(0, 30000, 5*time.Second, "tenant", "x"))
+				bb.send(usage(0, 10000, 5*time.Second, "tenant", "x"))
+				time.Sleep(time.Second)
+				la, lb := a.last(), bb.last()
+				ttlA := la.action.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration()
+				ttlB := lb.action.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration()
+				ga, gb := grantOf(la.action), grantOf(lb.action)
+				// The pushes of one window's start: both live 8s or more.
+				if ttlA >= 8*time.Second && ttlB >= 8*time.Second && la.at.Sub(lb.at).Abs() < 2*time.Second {
+					ratio := float64(ga) / float64(max(1, gb))
+					t.Logf("grants at a window's start: %d and %d (ratio %.2f)", ga, gb, ratio)
+					if ga+gb > 6000 {
+						t.Fatalf("grants %d + %d = %d, over the limit of 6000", ga, gb, ga+gb)
+					}
+					if math.Abs(ratio-3) <= 0.6 && ga+gb >= 5000 {
+						return
+					}
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no window's start shared 3 to 1 within 60s; last grants %d and %d", ga, gb)
+				}
+			}
 		})
 	}
 }
