@@ -89,6 +89,9 @@ type Config struct {
 	// maximum tokens, so an Envoy that spent its whole bucket starts the next
 	// one empty. False: today's Envoy.
 	ReplaceFull bool
+	// OnResponse, if set, sees each response before the Envoy applies it
+	// (for a test's log); it must not call the Envoy.
+	OnResponse func(*rlqspb.RateLimitQuotaResponse)
 }
 
 // Counts are requests admitted and denied.
@@ -479,6 +482,9 @@ func (e *Envoy) receive(s grpc.BidiStreamingClient[rlqspb.RateLimitQuotaUsageRep
 			}
 			e.mu.Unlock()
 			return
+		}
+		if e.cfg.OnResponse != nil {
+			e.cfg.OnResponse(resp)
 		}
 		e.Apply(resp)
 	}

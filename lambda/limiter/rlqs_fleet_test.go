@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-dev/tollgate/internal/envoyrlqs"
@@ -39,10 +40,22 @@ const (
 	fleetDemand = 2 * fleetLimit / 2.0
 )
 
+// The simulated Envoys are configured as deploy/examples/rlqs/envoy.yaml
+// configures Envoy: no_assignment_behavior and expired_assignment_behavior
+// are a blanket DENY_ALL, the latter for fleetExpiredDeny, so that an Envoy
+// admits only what it was granted; or, in the run with Envoy's defaults, both
+// unset (an Envoy without an assignment in force admits every request).
+const fleetExpiredDeny = 60 * time.Second
+
+var denyAll = &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: typev3.RateLimitStrategy_DENY_ALL}}
+
 // fleetWeights skews the Envoys' demand 1:1:2:2:4:4:8:8.
 var fleetWeights = []float64{1, 1, 2, 2, 4, 4, 8, 8}
 
+// fleetPolicy's failure mode is local, for two instances: with Redis
+// unreachable, each instance grants its Envoys their part of half the limit.
 const fleetPolicy = `domain: fleet
+failure: {mode: local, expected_instances: 2}
 rules:
   - name: per-tenant
     match: {tenant: "*"}
@@ -113,23 +126,29 @@ func (fe *fleetEnvoy) leave() {
 
 // fleet is one topology's limiters, Redis and Envoys.
 type fleet struct {
-	t       *testing.T
-	redis   []*redistest.Server // every master, to count commands and pause
-	insts   []*rlqsInstance
-	envoys  []*fleetEnvoy
-	phases  []*phase
-	mon     *redisMonitor
-	windows map[int64]bool // windows some phase asserted on
+	t      *testing.T
+	redis  []*redistest.Server // every master, to count commands and pause
+	insts  []*rlqsInstance
+	envoys []*fleetEnvoy
+	phases []*phase
+	mon    *redisMonitor
+	deny   *typev3.RateLimitStrategy // the Envoys' no_ and expired_assignment_behavior; nil: Envoy's defaults
 }
 
-func startFleet(t *testing.T, redisURL string, cluster bool, nodes []*redistest.Server) *fleet {
+// startFleet starts two limiters on the Redis at redisURL (nodes: its
+// masters), for Envoys that deny without an assignment in force, or with
+// envoyDefaults, that do what Envoy does unconfigured.
+func startFleet(t *testing.T, redisURL string, cluster bool, nodes []*redistest.Server, envoyDefaults bool) *fleet {
 	t.Helper()
 	dir := t.TempDir()
 	policy := filepath.Join(dir, "policy.yaml")
 	if err := os.WriteFile(policy, fmt.Appendf(nil, fleetPolicy, fleetReport, fleetLimit, fleetWindow), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	f := &fleet{t: t, redis: nodes, windows: map[int64]bool{}}
+	f := &fleet{t: t, redis: nodes}
+	if !envoyDefaults {
+		f.deny = denyAll
+	}
 	for range 2 {
 		addr := freeAddr(t)
 		args := []string{"--listen", "127.0.0.1:0", "--grpc-listen", addr, "--policy", policy, "--redis", redisURL}
@@ -169,6 +188,12 @@ func (f *fleet) addEnvoy(weight float64, home int) *fleetEnvoy {
 		BucketID:       map[string]envoyrlqs.Value{"tenant": {Header: "x-tenant"}},
 		ReportInterval: fleetReport,
 		Window:         fleetWindow,
+		// What the filter does once an assignment expires, before the
+		// next arrives: deny, for up to fleetExpiredDeny, then Envoy's
+		// no_assignment_behavior (unset: allow).
+		NoAssignment:           f.deny,
+		ExpiredFallback:        f.deny,
+		ExpiredFallbackTimeout: fleetExpiredDeny,
 	})
 	if err != nil {
 		f.t.Fatal(err)
@@ -431,12 +456,23 @@ func TestRLQSFleet(t *testing.T) {
 	t.Run("standalone", func(t *testing.T) {
 		t.Parallel()
 		s := redistest.StartServer(t)
-		startFleet(t, s.URL(), false, []*redistest.Server{s}).run()
+		startFleet(t, s.URL(), false, []*redistest.Server{s}, false).run()
 	})
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
 		c := redistest.StartCluster(t)
-		startFleet(t, c.URL(), true, c.Nodes()).run()
+		startFleet(t, c.URL(), true, c.Nodes(), false).run()
+	})
+	// Envoy's defaults: once an assignment expires, no_assignment_behavior,
+	// unset, allows every request until the next assignment arrives.
+	t.Run("standalone, Envoy defaults", func(t *testing.T) {
+		t.Parallel()
+		s := redistest.StartServer(t)
+		f := startFleet(t, s.URL(), false, []*redistest.Server{s}, true)
+		f.start()
+		time.Sleep(3 * fleetReport)
+		f.during("steady, Envoy defaults", f.envoys, 2, nil, f.checkWindows, f.checkShares, f.checkUsed, f.checkRedis)
+		f.finish()
 	})
 }
 
@@ -522,66 +558,80 @@ func (f *fleet) finish() {
 	}
 }
 
-func (f *fleet) run() {
-	t := f.t
-	pids := f.redisPIDs()
+// start starts counting Redis commands and the 8 Envoys, alternately homed on
+// the two instances.
+func (f *fleet) start() {
 	f.monitor()
 	for i, w := range fleetWeights {
 		f.addEnvoy(w, i%2)
 	}
-	active := slices.Clone(f.envoys)
-	f.setDemand(active)
-	for _, fe := range active {
+	f.setDemand(f.envoys)
+	for _, fe := range f.envoys {
 		go fe.run()
 	}
-	bounded := []func(*phase){f.checkWindows}
-	settled := []func(*phase){f.checkWindows, f.checkShares, f.checkUsed}
+}
 
-	// Steady: after 3 reporting intervals, the limit is shared by demand.
+// event runs event at the start of a window and three phases after it: the
+// first window (checked by first, and bounded), the second (bounded), and the
+// two windows that start at least 3 reporting intervals after the event, by
+// when the fleet must have settled again: bounded, shares by demand, the limit
+// used. active is the Envoys with demand after the event.
+func (f *fleet) event(name string, active func() []*fleetEnvoy, event func(), first ...func(*phase)) {
+	f.during(name+": first window", nil, 1, event, append(first, f.checkWindows)...).active = active()
+	f.during(name+": second window", active(), 1, nil, f.checkWindows)
+	f.during(name+": after 3 intervals", active(), 2, nil, f.checkWindows, f.checkShares, f.checkUsed)
+}
+
+func (f *fleet) run() {
+	t := f.t
+	pids := f.redisPIDs()
+	f.start()
+	active := slices.Clone(f.envoys)
+	current := func() []*fleetEnvoy { return active }
+
+	// Steady: after 3 reporting intervals, the limit is shared by demand,
+	// with few Redis calls.
 	time.Sleep(3 * fleetReport)
 	f.during("steady", active, 2, nil, f.checkWindows, f.checkShares, f.checkUsed, f.checkRedis)
 
 	// A ninth Envoy joins; the fleet's total demand stays the same. It gets
 	// a share at once: its first report is answered.
 	newcomer := f.addEnvoy(4, 0)
-	f.during("join: first window", append(slices.Clone(active), newcomer), 1, func() {
+	f.event("join", current, func() {
 		active = append(active, newcomer)
 		f.setDemand(active)
 		go newcomer.run()
-	}, f.checkWindows, func(ph *phase) {
+	}, func(ph *phase) {
 		if got, want := ph.perEnvoy[newcomer.name].Admitted, int64(fleetLimit*4/30/2); got < want {
 			t.Errorf("%s: the newcomer admitted %d, want a share at once (at least %d, half its demand-proportional share)", ph.name, got, want)
 		}
 	})
-	f.during("join: after 3 intervals", active, 2, nil, settled...)
 
 	// The two busiest Envoys leave: one goes idle, one shuts down. Their
-	// share flows to the others within a few intervals.
+	// share flows to the others.
 	idle, gone := active[6], active[7]
-	rest := slices.DeleteFunc(slices.Clone(active), func(fe *fleetEnvoy) bool { return fe == idle || fe == gone })
-	f.during("leave: first window", rest, 1, func() {
+	f.event("leave", current, func() {
 		idle.setRate(0)
 		gone.leave()
-		active = rest
+		active = slices.DeleteFunc(slices.Clone(active), func(fe *fleetEnvoy) bool { return fe == idle || fe == gone })
 		f.setDemand(active)
-	}, bounded...)
-	f.during("leave: after 3 intervals", active, 2, nil, settled...)
-
-	// tollgate0 dies: its Envoys' streams break and reopen on tollgate1 at
-	// their next report.
-	f.during("kill tollgate0: first window", active, 1, f.insts[0].kill, bounded...)
-	for _, fe := range active {
-		if got := fe.e.Server(); got != f.insts[1].grpc {
-			t.Errorf("kill: %s streams to %q two seconds after, want tollgate1 %s", fe.name, got, f.insts[1].grpc)
-		}
-	}
-	f.during("kill tollgate0: after 3 intervals", active, 2, nil, settled...)
+	})
 
 	// Redis stops answering for 5 s (SIGSTOP), then answers again.
 	f.during("redis paused 5s", active, 3, func() {
 		signalAll(t, pids, syscall.SIGSTOP)
 		time.AfterFunc(5*time.Second, func() { signalAll(t, pids, syscall.SIGCONT) })
-	}, bounded...)
-	f.during("redis back: after 3 intervals", active, 2, nil, settled...)
+	}, f.checkWindows)
+	f.event("redis back", current, nil)
+
+	// tollgate0 dies: its Envoys' streams break and reopen on tollgate1 at
+	// their next report.
+	f.event("kill tollgate0", current, f.insts[0].kill, func(ph *phase) {
+		for _, fe := range ph.active {
+			if got := ph.servers[fe.name]; got != "tollgate1" {
+				t.Errorf("%s: %s streams to %q at the window's end, want tollgate1", ph.name, fe.name, got)
+			}
+		}
+	})
 	f.finish()
 }
