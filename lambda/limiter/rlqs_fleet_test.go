@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -595,15 +596,31 @@ func (f *fleet) run() {
 	f.during("steady", active, 2, nil, f.checkWindows, f.checkShares, f.checkUsed, f.checkRedis)
 
 	// A ninth Envoy joins; the fleet's total demand stays the same. It gets
-	// a share at once: its first report is answered.
+	// a share at once: its first report (sent with its first request) is
+	// answered with a grant within a reporting interval, and it admits at
+	// least a quarter of its demand-proportional share in its first window
+	// (the server has no measure of its demand before its second report).
 	newcomer := f.addEnvoy(4, 0)
+	var granted atomic.Int64 // ns from the newcomer's first request to its first answer
 	f.event("join", current, func() {
 		active = append(active, newcomer)
 		f.setDemand(active)
+		joined := time.Now()
 		go newcomer.run()
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), fleetReport)
+			defer cancel()
+			if newcomer.e.WaitResponses(ctx, 1) == nil {
+				granted.Store(int64(time.Since(joined)))
+			}
+		}()
 	}, func(ph *phase) {
-		if got, want := ph.perEnvoy[newcomer.name].Admitted, int64(fleetLimit*4/30/2); got < want {
-			t.Errorf("%s: the newcomer admitted %d, want a share at once (at least %d, half its demand-proportional share)", ph.name, got, want)
+		if granted.Load() == 0 {
+			t.Errorf("%s: the newcomer had no answer within a reporting interval (%s) of its first request", ph.name, fleetReport)
+		}
+		t.Logf("%s: the newcomer's first answer came %s after its first request", ph.name, time.Duration(granted.Load()).Round(time.Millisecond))
+		if got, want := ph.perEnvoy[newcomer.name].Admitted, int64(fleetLimit*4/30/4); got < want {
+			t.Errorf("%s: the newcomer admitted %d, want a share at once (at least %d, a quarter of its demand-proportional share)", ph.name, got, want)
 		}
 	})
 
