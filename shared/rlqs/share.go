@@ -8,6 +8,7 @@ import (
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -73,12 +74,14 @@ type ledger struct {
 	newMax  int64
 	carry   int64 // what assignments of the previous window may have admitted, unreported
 
-	demand  float64   // requests per second, smoothed
-	samples int       // reports that measured the demand (time_elapsed of 1s or more)
-	gen     uint32    // numbers assignments, so that each differs from the last
-	expires time.Time // our clock when the assignment in force expires at the latest
-	inForce bool      // an assignment of window is in force (token bucket or deny)
-	reports int       // reports since the bucket last showed a request
+	demand   float64   // requests per second, smoothed
+	samples  int       // reports that measured the demand (time_elapsed of 1s or more)
+	gen      uint32    // numbers assignments, so that each differs from the last
+	expires  time.Time // our clock when the assignment in force expires at the latest
+	inForce  bool      // an assignment of window is in force (token bucket or deny)
+	last     decision  // the grant in force, as sent; nil for none
+	extended bool      // last has been sent again to end closer to the window's end (extend)
+	reports  int       // reports since the bucket last showed a request
 }
 
 // Shaping of grants.
@@ -130,7 +133,7 @@ func (l *ledger) roll(w int64) {
 		l.carry += l.newMax
 	}
 	l.window, l.charged, l.allowed, l.pot, l.pending, l.newMax = w, 0, 0, 0, false, 0
-	l.inForce = false
+	l.inForce, l.last = false, nil
 }
 
 // held is what the ledger must keep charged: what its Envoy reported and may still
@@ -287,44 +290,65 @@ func (sh *share) decide(ctx context.Context, l *ledger, now time.Time) decision 
 		return nil
 	}
 	want := sh.desired(l, sh.totalDemand(now), now)
-	if l.inForce && now.Before(l.expires) {
-		have := l.pot
-		if l.pending {
-			have = l.newMax
-		}
-		if have >= want/2 && have <= want+want/4+1 {
+	inForce := l.inForce && now.Before(l.expires)
+	have := l.pot // what the assignment in force may still admit, at most
+	if l.pending {
+		have = l.newMax
+	}
+	if inForce {
+		// Top up an assignment that runs low; shrink one that holds far more than
+		// its part only while the window has time for others to use it (it is
+		// replaced at the window's start anyway).
+		low := have < want/2
+		high := have > 2*want+1 && sh.end.Sub(now) >= 3*sh.interval
+		if !low && !high {
 			return nil
 		}
 	}
+	// Until a report shows what it admitted, the assignment in force stays held
+	// beside the new one: Envoy spends it until the new one arrives.
+	old := l.pot
 	if l.pending {
-		// A second assignment before a report: both may still be spent.
-		l.pot += l.newMax
-		l.pending, l.newMax = false, 0
+		old += l.newMax
 	}
 	grant := want
-	if need := l.allowed + l.pot + grant - l.charged; need > 0 {
+	if need := l.allowed + old + grant - l.charged; need > 0 {
 		got, err := sh.take(ctx, need)
-		if err != nil && !l.inForce {
+		if err != nil && !inForce {
 			return sh.unavailable(l, now, err)
 		}
 		l.charged += got
 		grant -= need - got
 	}
 	grant = max(0, min(grant, math.MaxUint32))
-	l.pending, l.newMax = true, grant
+	if inForce && grant < want && grant <= have {
+		// Too few units to better the assignment in force: it stays.
+		sh.release(l)
+		return nil
+	}
+	l.pot, l.pending, l.newMax = old, true, grant
 	l.inForce = true
 	l.expires = now.Add(ttl)
-	if surplus := l.charged - l.held(); surplus > 0 {
-		l.charged -= surplus
-		sh.pool += surplus
-	}
+	sh.release(l)
 	l.gen++
 	sh.srv.metrics.grants.Inc()
 	sh.srv.metrics.granted.Add(float64(grant))
 	if grant == 0 {
-		return blanket(l.id, typev3.RateLimitStrategy_DENY_ALL, ttl)
+		l.last = blanket(l.id, typev3.RateLimitStrategy_DENY_ALL, ttl)
+	} else {
+		l.last = tokenBucket(l.id, grant, l.gen, ttl)
 	}
-	return tokenBucket(l.id, grant, l.gen, ttl)
+	l.extended = false
+	return l.last
+}
+
+// release moves what ledger l holds beyond what its Envoy reported and may still
+// admit to the pool.
+func (sh *share) release(l *ledger) {
+	if surplus := l.charged - l.held(); surplus > 0 {
+		l.charged -= surplus
+		sh.pool += surplus
+	}
 }
 
 // take returns up to units for a ledger: from the pool, else from the store.
@@ -458,8 +482,11 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 	if len(sh.ledgers) > 0 {
 		sh.publishDemand(ctx, now)
 	}
-	if len(sh.ledgers) == 0 || sh.window == 0 || now.Before(sh.end.Add(windowGuard)) {
+	if len(sh.ledgers) == 0 || sh.window == 0 {
 		return nil
+	}
+	if now.Before(sh.end.Add(windowGuard)) {
+		return sh.extend(now)
 	}
 	total := sh.totalDemand(now)
 	if sh.demandOf() == 0 {
@@ -483,6 +510,33 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 		}
 	}
 	sh.flush(ctx)
+	return out
+}
+
+// extend sends again, a little over a second before the window ends, every grant
+// in force that would expire earlier than it needs to: the same assignment, so that
+// Envoy keeps its token bucket as it is, with a time to live of 1s, which now ends
+// closer to the window's end than the whole seconds of the first could. Without it a
+// grant expires up to a second before its window ends, and Envoy falls back to its
+// expired_assignment_behavior until the next window's push.
+func (sh *share) extend(now time.Time) map[*stream][]decision {
+	left := sh.end.Sub(now) - ttlMargin
+	if left <= time.Second || left > time.Second+2*sweepEvery {
+		return nil
+	}
+	var out map[*stream][]decision
+	for l := range sh.ledgers {
+		if l.last == nil || l.extended || !l.inForce || l.window != sh.window || !l.expires.Before(now.Add(time.Second)) {
+			continue
+		}
+		a := proto.Clone(l.last).(decision)
+		a.GetQuotaAssignmentAction().AssignmentTimeToLive = durationpb.New(time.Second)
+		l.expires, l.extended = now.Add(time.Second), true
+		if out == nil {
+			out = map[*stream][]decision{}
+		}
+		out[l.st] = append(out[l.st], a)
+	}
 	return out
 }
 
