@@ -143,6 +143,19 @@ func newEnvoy(t *testing.T, cfg Config) (*Envoy, *fakeClock) {
 	return e, clock
 }
 
+// withBucket returns an Envoy on a fake server whose bucket of tenant a has
+// made its first request, been reported, and so has a stream.
+func withBucket(t *testing.T, cfg Config) (*Envoy, *fakeClock, *fakeStream) {
+	t.Helper()
+	f := startFake(t)
+	cfg.Servers = []string{f.addr}
+	e, clock := newEnvoy(t, cfg)
+	e.Request(req("a"))
+	s := f.nextStream(t)
+	s.nextReport(t)
+	return e, clock, s
+}
+
 func req(tenant string) map[string]string { return map[string]string{"x-tenant": tenant} }
 
 func tokenBucketAction(id map[string]string, max, perFill uint32, interval time.Duration, ttl time.Duration) *rlqspb.RateLimitQuotaResponse {
@@ -252,71 +265,44 @@ func TestNoAssignmentDenyAll(t *testing.T) {
 
 func TestTokenBucketAssignments(t *testing.T) {
 	t.Parallel()
-	f := startFake(t)
-	e, clock := newEnvoy(t, Config{Servers: []string{f.addr}})
-	e.Request(req("a"))
-	s := f.nextStream(t)
-	s.nextReport(t)
-
-	// max 4, refill 1 token per 2 s.
-	s.respond(t, e, tokenBucketAction(tenantA, 4, 1, 2*time.Second, time.Minute))
-	if a := admitted(e, "a", 10); a != 4 {
-		t.Fatalf("admitted %d of 10 from a full bucket of 4, want 4", a)
-	}
-	clock.Add(2 * time.Second)
-	if a := admitted(e, "a", 10); a != 1 {
-		t.Fatalf("admitted %d after one fill interval, want 1", a)
-	}
-
-	// An equal assignment keeps the running (empty) bucket.
-	s.respond(t, e, tokenBucketAction(tenantA, 4, 1, 2*time.Second, time.Minute))
-	if a := admitted(e, "a", 10); a != 0 {
-		t.Fatalf("admitted %d after an equal assignment, want 0 (bucket kept)", a)
-	}
-	// Envoy compares fill_interval's nanoseconds only: a changed whole-second
-	// interval counts as equal and keeps the bucket.
-	s.respond(t, e, tokenBucketAction(tenantA, 4, 1, 9*time.Second, time.Minute))
-	if a := admitted(e, "a", 10); a != 0 {
-		t.Fatalf("admitted %d after an assignment differing in fill_interval seconds, want 0 (bucket kept)", a)
-	}
-
-	// A changed assignment replaces the bucket, starting with the old one's
-	// fill ratio: half of 4 left -> half of 10.
-	clock.Add(4 * time.Second) // 2 tokens back in the old bucket (rate 1/2s)
-	if tk, _ := e.Tokens(tenantA); tk != 2 {
-		t.Fatalf("Tokens() = %v, want 2", tk)
-	}
-	s.respond(t, e, tokenBucketAction(tenantA, 10, 1, 60*time.Second, time.Minute))
-	if a := admitted(e, "a", 20); a != 5 {
-		t.Fatalf("admitted %d after a changed assignment from a half-full bucket, want 5", a)
-	}
-	// From an empty bucket the replacement starts empty.
-	s.respond(t, e, tokenBucketAction(tenantA, 100, 1, 60*time.Second, time.Minute))
-	if a := admitted(e, "a", 20); a != 0 {
-		t.Fatalf("admitted %d after a changed assignment from an empty bucket, want 0", a)
-	}
-	// After a blanket rule, a token bucket starts full.
-	s.respond(t, e, blanketAction(tenantA, typev3.RateLimitStrategy_ALLOW_ALL, time.Minute))
-	if a := admitted(e, "a", 20); a != 20 {
-		t.Fatalf("admitted %d under ALLOW_ALL, want 20", a)
-	}
-	s.respond(t, e, tokenBucketAction(tenantA, 7, 1, 60*time.Second, time.Minute))
-	if a := admitted(e, "a", 20); a != 7 {
-		t.Fatalf("admitted %d from a token bucket after a blanket rule, want 7 (full)", a)
-	}
-	// requests_per_time_unit is not enforced: the previous action stays.
-	s.respond(t, e, action(tenantA, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_RequestsPerTimeUnit_{
+	e, clock, s := withBucket(t, Config{})
+	rpt := action(tenantA, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_RequestsPerTimeUnit_{
 		RequestsPerTimeUnit: &typev3.RateLimitStrategy_RequestsPerTimeUnit{RequestsPerTimeUnit: 1000, TimeUnit: typev3.RateLimitUnit_SECOND},
-	}}, time.Minute))
-	if a := admitted(e, "a", 5); a != 0 {
-		t.Fatalf("admitted %d after a requests_per_time_unit assignment, want 0 (empty token bucket kept)", a)
+	}}, time.Minute)
+	// Each step: the clock moves by advance, the server sends resp (if any),
+	// then n requests run, of which want are admitted.
+	steps := []struct {
+		name    string
+		advance time.Duration
+		resp    *rlqspb.RateLimitQuotaResponse
+		n, want int
+	}{
+		{"a full bucket of 4, 1 token per 2s", 0, tokenBucketAction(tenantA, 4, 1, 2*time.Second, time.Minute), 10, 4},
+		{"one fill interval later", 2 * time.Second, nil, 10, 1},
+		{"an equal assignment keeps the empty bucket", 0, tokenBucketAction(tenantA, 4, 1, 2*time.Second, time.Minute), 10, 0},
+		// Envoy compares fill_interval's nanoseconds only.
+		{"an assignment differing in fill_interval seconds keeps the bucket", 0, tokenBucketAction(tenantA, 4, 1, 9*time.Second, time.Minute), 10, 0},
+		// 4 s later the old bucket holds 2 of 4 (its rate stayed 1/2s):
+		// the new one starts with the same ratio, 5 of 10.
+		{"a changed assignment from a half-full bucket", 4 * time.Second, tokenBucketAction(tenantA, 10, 1, time.Minute, time.Minute), 20, 5},
+		{"a changed assignment from an empty bucket starts empty", 0, tokenBucketAction(tenantA, 100, 1, time.Minute, time.Minute), 20, 0},
+		{"ALLOW_ALL", 0, blanketAction(tenantA, typev3.RateLimitStrategy_ALLOW_ALL, time.Minute), 20, 20},
+		{"a token bucket after a blanket rule starts full", 0, tokenBucketAction(tenantA, 7, 1, time.Minute, time.Minute), 20, 7},
+		// Not enforced: the previous action (the empty bucket) stays.
+		{"requests_per_time_unit", 0, rpt, 5, 0},
+		// Envoy divides by the whole seconds, 0: an infinite rate.
+		{"a fill interval under 1s", 0, tokenBucketAction(tenantA, 1, 1, 500*time.Millisecond, time.Minute), 50, 50},
 	}
-	// A fill interval under 1 s divides by zero in Envoy: everything passes.
-	s.respond(t, e, tokenBucketAction(tenantA, 1, 1, 500*time.Millisecond, time.Minute))
-	if a := admitted(e, "a", 50); a != 50 {
-		t.Fatalf("admitted %d under a 500ms fill interval, want 50 (Envoy's rate is infinite)", a)
+	for _, st := range steps {
+		clock.Add(st.advance)
+		if st.resp != nil {
+			s.respond(t, e, st.resp)
+		}
+		if a := admitted(e, "a", st.n); a != st.want {
+			t.Fatalf("%s: admitted %d of %d, want %d", st.name, a, st.n, st.want)
+		}
 	}
-	// An action for an unknown bucket, or without an id, is ignored.
+	// An action for an unknown bucket is ignored.
 	s.respond(t, e, blanketAction(map[string]string{"tenant": "zz"}, typev3.RateLimitStrategy_DENY_ALL, time.Minute))
 	if e.HasBucket(map[string]string{"tenant": "zz"}) {
 		t.Fatal("an action for an unknown bucket made one")
@@ -364,11 +350,7 @@ func TestTimeToLive(t *testing.T) {
 
 func TestTimeToLiveWithoutFallback(t *testing.T) {
 	t.Parallel()
-	f := startFake(t)
-	e, clock := newEnvoy(t, Config{Servers: []string{f.addr}})
-	e.Request(req("a"))
-	s := f.nextStream(t)
-	s.nextReport(t)
+	e, clock, s := withBucket(t, Config{})
 	s.respond(t, e, tokenBucketAction(tenantA, 2, 1, time.Hour, 5*time.Second))
 	admitted(e, "a", 5)
 	clock.Add(5 * time.Second)
@@ -384,11 +366,7 @@ func TestTimeToLiveWithoutFallback(t *testing.T) {
 
 func TestAbandon(t *testing.T) {
 	t.Parallel()
-	f := startFake(t)
-	e, clock := newEnvoy(t, Config{Servers: []string{f.addr}})
-	e.Request(req("a"))
-	s := f.nextStream(t)
-	s.nextReport(t)
+	e, clock, s := withBucket(t, Config{})
 	s.respond(t, e, blanketAction(tenantA, typev3.RateLimitStrategy_DENY_ALL, time.Minute))
 	admitted(e, "a", 7) // unreported usage, lost with the bucket
 	s.respond(t, e, &rlqspb.RateLimitQuotaResponse{BucketAction: []*rlqspb.RateLimitQuotaResponse_BucketAction{{
@@ -498,11 +476,7 @@ func TestTokenBucketModel(t *testing.T) {
 
 func TestReplaceFull(t *testing.T) {
 	t.Parallel()
-	f := startFake(t)
-	e, _ := newEnvoy(t, Config{Servers: []string{f.addr}, ReplaceFull: true})
-	e.Request(req("a"))
-	s := f.nextStream(t)
-	s.nextReport(t)
+	e, _, s := withBucket(t, Config{ReplaceFull: true})
 	s.respond(t, e, tokenBucketAction(tenantA, 4, 1, time.Hour, time.Minute))
 	admitted(e, "a", 4)
 	s.respond(t, e, tokenBucketAction(tenantA, 6, 1, time.Hour, time.Minute))
