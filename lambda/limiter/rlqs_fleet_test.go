@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/redis/go-redis/v9"
 
@@ -88,6 +89,8 @@ type fleetEnvoy struct {
 	issued  int
 	stop    chan struct{}
 	stopped chan struct{}
+
+	firstAnswer atomic.Pointer[rlqspb.RateLimitQuotaResponse]
 }
 
 func (fe *fleetEnvoy) setRate(r float64) {
@@ -151,14 +154,25 @@ func startFleet(t *testing.T, redisURL string, cluster bool, nodes []*redistest.
 		f.deny = denyAll
 	}
 	for range 2 {
-		addr := freeAddr(t)
-		args := []string{"--listen", "127.0.0.1:0", "--grpc-listen", addr, "--policy", policy, "--redis", redisURL}
-		if cluster {
-			args = append(args, "--redis-cluster")
+		// The port freeAddr finds may be taken again before the limiter
+		// binds it (by another test's connection): try another.
+		var err error
+		for range 3 {
+			addr := freeAddr(t)
+			args := []string{"--listen", "127.0.0.1:0", "--grpc-listen", addr, "--policy", policy, "--redis", redisURL}
+			if cluster {
+				args = append(args, "--redis-cluster")
+			}
+			var p *process
+			if p, err = tryStartProcess(t, "", nil, args...); err == nil {
+				waitListening(t, addr)
+				f.insts = append(f.insts, &rlqsInstance{p: p, grpc: addr})
+				break
+			}
 		}
-		p := startProcess(t, "", nil, args...)
-		waitListening(t, addr)
-		f.insts = append(f.insts, &rlqsInstance{p: p, grpc: addr})
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	return f
 }
@@ -183,6 +197,8 @@ func waitListening(t *testing.T, addr string) {
 // home first, then to the other.
 func (f *fleet) addEnvoy(weight float64, home int) *fleetEnvoy {
 	f.t.Helper()
+	fe := &fleetEnvoy{name: fmt.Sprintf("e%d(w%g)", len(f.envoys), weight), weight: weight,
+		stop: make(chan struct{}), stopped: make(chan struct{})}
 	e, err := envoyrlqs.New(envoyrlqs.Config{
 		Domain:         "fleet",
 		Servers:        []string{f.insts[home].grpc, f.insts[1-home].grpc},
@@ -195,12 +211,14 @@ func (f *fleet) addEnvoy(weight float64, home int) *fleetEnvoy {
 		NoAssignment:           f.deny,
 		ExpiredFallback:        f.deny,
 		ExpiredFallbackTimeout: fleetExpiredDeny,
+		OnResponse: func(r *rlqspb.RateLimitQuotaResponse) {
+			fe.firstAnswer.CompareAndSwap(nil, r)
+		},
 	})
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	fe := &fleetEnvoy{name: fmt.Sprintf("e%d(w%g)", len(f.envoys), weight), weight: weight, e: e,
-		stop: make(chan struct{}), stopped: make(chan struct{})}
+	fe.e = e
 	f.t.Cleanup(func() {
 		select {
 		case <-fe.stop:
@@ -618,7 +636,12 @@ func (f *fleet) run() {
 		if granted.Load() == 0 {
 			t.Errorf("%s: the newcomer had no answer within a reporting interval (%s) of its first request", ph.name, fleetReport)
 		}
-		t.Logf("%s: the newcomer's first answer came %s after its first request", ph.name, time.Duration(granted.Load()).Round(time.Millisecond))
+		var first []string
+		for _, a := range newcomer.firstAnswer.Load().GetBucketAction() {
+			first = append(first, a.GetQuotaAssignmentAction().GetRateLimitStrategy().String())
+		}
+		t.Logf("%s: the newcomer's first answer came %s after its first request: %s", ph.name,
+			time.Duration(granted.Load()).Round(time.Millisecond), strings.Join(first, "; "))
 		if got := ph.perEnvoy[newcomer.name].Admitted; got < 10 {
 			t.Errorf("%s: the newcomer admitted %d, want a share at once (at least 10)", ph.name, got)
 		}
