@@ -54,9 +54,13 @@ type share struct {
 	end     time.Time // the window's end on our clock, early by up to a store round trip (see startWindow)
 	charged int64     // the store's time of a take in window, Unix µs, for giving back
 	pool    int64     // units taken in window and held by no ledger
-	ledgers map[*ledger]struct{}
-	idle    time.Time // when the last ledger left (zero while one is here)
-	board   *board    // every instance's demand
+	// exhausted says a take in window got less than it asked: until units come
+	// back (a stream's end), a ledger's top up waits for the next window, and costs
+	// no store call.
+	exhausted bool
+	ledgers   map[*ledger]struct{}
+	idle      time.Time // when the last ledger left (zero while one is here)
+	board     *board    // every instance's demand
 }
 
 // A ledger is one stream's bucket within a share.
@@ -355,7 +359,7 @@ func (sh *share) release(l *ledger) {
 func (sh *share) take(ctx context.Context, units int64) (int64, error) {
 	got := min(units, sh.pool)
 	sh.pool -= got
-	if got == units {
+	if got == units || sh.exhausted {
 		return got, nil
 	}
 	sent := sh.srv.clock()
@@ -372,6 +376,9 @@ func (sh *share) take(ctx context.Context, units int64) (int64, error) {
 	}
 	if end, ok := windowEnd(t.Verdict, sent); ok && end.Before(sh.end) {
 		sh.end = end
+	}
+	if t.Units < min(units-got, sh.count) {
+		sh.exhausted = true
 	}
 	if sh.charged == 0 {
 		sh.charged = t.Verdict.NowMicros
@@ -410,7 +417,10 @@ func (sh *share) startWindow(ctx context.Context, now time.Time, want int64) err
 	}
 	sh.end = end
 	if w != sh.window {
-		sh.window, sh.pool, sh.charged = w, 0, t.Verdict.NowMicros
+		sh.window, sh.pool, sh.charged, sh.exhausted = w, 0, t.Verdict.NowMicros, false
+	}
+	if t.Units < min(max(want, 1), sh.count) {
+		sh.exhausted = true
 	}
 	sh.pool += t.Units
 	return nil
@@ -468,6 +478,7 @@ func (sh *share) leave(ctx context.Context, l *ledger, now time.Time) {
 	if l.window == sh.window && sh.window != 0 {
 		if unused := l.charged - l.allowed; unused > 0 {
 			sh.pool += unused
+			sh.exhausted = false // others may take them
 		}
 	}
 	l.charged = 0
