@@ -855,6 +855,7 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 			_, u, _ := f.lookup("unlimited")
 			d.add(u, f.at("unlimited"), "an unlimited rule limits nothing to shadow; remove shadow, or unlimited")
 		}
+		r.RLQS = d.rlqs(f, r, path)
 		r.compile(shardBy)
 		return r, nameNode
 	}
@@ -1388,7 +1389,7 @@ func (d *decoder) rlqs(f *fields, r *Rule, path string) *RLQS {
 		}
 	}
 	for _, pr := range q.Problems(r) {
-		d.add(rf.n, join(path, pr[0]), pr[1])
+		d.add(rf.n, path+"."+pr[0], pr[1])
 	}
 	return q
 }

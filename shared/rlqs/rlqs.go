@@ -44,6 +44,9 @@ const (
 	unmatchedTTL = time.Minute
 	// sweepEvery is how often the service starts the windows of its shares.
 	sweepEvery = 50 * time.Millisecond
+	// abandonAfter is how many reports in a row without a request make the
+	// service abandon a bucket: a minute at Envoy's 5s.
+	abandonAfter = 12
 )
 
 // Limits bound what a stream may make the service hold; the zero value of a field
@@ -270,11 +273,31 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 	elapsed := max(0, u.GetTimeElapsed().AsDuration())
 	allowed, denied := u.GetNumRequestsAllowed(), u.GetNumRequestsDenied()
 	l := st.buckets[key]
+	if l != nil && l.pol != s.eng.Policy() {
+		// The policy changed: the bucket may reach other limits now.
+		pol := s.eng.Policy()
+		p, err := s.eng.Plan(engine.Request{Domain: st.domain, Attributes: attrs})
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "rlqs: bucket_id: %v", err)
+		}
+		if sh := s.shareFor(p); sh == l.sh {
+			l.sh.mu.Lock()
+			l.pol, l.reshape = pol, true
+			l.sh.mu.Unlock()
+		} else {
+			// What Envoy may still admit under its grant stays charged to the
+			// old limits, which the new policy no longer decides.
+			l.sh.leave(ctx, l, now, false)
+			st.forget(l)
+			l = nil
+		}
+	}
 	if l == nil {
 		if len(st.buckets) >= s.limits.MaxStreamBuckets || !s.addBucket() {
 			s.metrics.dropped.WithLabelValues("buckets").Inc()
 			return nil, nil
 		}
+		pol := s.eng.Policy()
 		p, err := s.eng.Plan(engine.Request{Domain: st.domain, Attributes: attrs})
 		if err != nil {
 			s.dropBucket()
@@ -285,7 +308,7 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 			s.dropBucket()
 			return blanket(u.GetBucketId(), typev3.RateLimitStrategy_ALLOW_ALL, unmatchedTTL), nil
 		}
-		l = &ledger{st: st, sh: sh, id: u.GetBucketId(), key: key}
+		l = &ledger{st: st, sh: sh, id: u.GetBucketId(), key: key, pol: pol}
 		sh.mu.Lock()
 		sh.ledgers[l] = struct{}{}
 		sh.idle = time.Time{}
@@ -293,7 +316,25 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 		st.buckets[key] = l
 		s.metrics.buckets.Inc()
 	}
-	return l.sh.report(ctx, l, allowed, denied, elapsed, now), nil
+	d := l.sh.report(ctx, l, allowed, denied, elapsed, now)
+	if l.reports >= abandonAfter {
+		// No request for a while: Envoy forgets the bucket, and so does the
+		// service, until a request makes it anew.
+		l.sh.leave(ctx, l, now, true)
+		st.forget(l)
+		return &rlqspb.RateLimitQuotaResponse_BucketAction{
+			BucketId:     l.id,
+			BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction{}},
+		}, nil
+	}
+	return d, nil
+}
+
+// forget drops ledger l from the stream, which has left its share.
+func (st *stream) forget(l *ledger) {
+	delete(st.buckets, l.key)
+	st.s.dropBucket()
+	st.s.metrics.buckets.Dec()
 }
 
 func (s *Server) addBucket() bool {
@@ -374,7 +415,7 @@ func (st *stream) close() {
 	defer cancel()
 	now := st.s.clock()
 	for _, l := range st.buckets {
-		l.sh.leave(ctx, l, now)
+		l.sh.leave(ctx, l, now, true)
 	}
 	st.s.mu.Lock()
 	st.s.buckets -= len(st.buckets)

@@ -68,7 +68,11 @@ type ledger struct {
 	st  *stream
 	sh  *share
 	id  *rlqspb.BucketId
-	key string // the bucket's key within its stream
+	key string         // the bucket's key within its stream
+	pol *policy.Policy // the policy the bucket was matched with
+	// reshape says the policy changed the limit: the grant in force is replaced
+	// at the next report, smaller if need be.
+	reshape bool
 
 	window  int64 // the share's window this ledger's counts are in
 	charged int64
@@ -299,7 +303,9 @@ func (sh *share) decide(ctx context.Context, l *ledger, now time.Time) decision 
 	if l.pending {
 		have = l.newMax
 	}
-	if inForce {
+	reshape := l.reshape
+	l.reshape = false
+	if inForce && !reshape {
 		// Top up an assignment that runs low; shrink one that holds far more than
 		// its part only while the window has time for others to use it (it is
 		// replaced at the window's start anyway).
@@ -325,7 +331,7 @@ func (sh *share) decide(ctx context.Context, l *ledger, now time.Time) decision 
 		grant -= need - got
 	}
 	grant = max(0, min(grant, math.MaxUint32))
-	if inForce && grant < want && grant <= have {
+	if inForce && grant < want && grant <= have && !reshape {
 		// Too few units to better the assignment in force: it stays.
 		sh.release(l)
 		return nil
@@ -465,10 +471,11 @@ func (sh *share) unavailable(l *ledger, now time.Time, err error) decision {
 }
 
 // leave removes ledger l from the share and gives back what it holds of the
-// window's units: its stream ended, so it reports nothing more. What its Envoy
-// may still admit under the assignment in force is given back too (see the
-// documentation of a broken stream).
-func (sh *share) leave(ctx context.Context, l *ledger, now time.Time) {
+// window's units beyond what its Envoy reported and may still admit, or with all,
+// everything it did not report admitting: its stream ended (Envoy keeps its
+// grant in force until it expires, but reports it on no stream of this one; see
+// docs/rlqs.md), or Envoy was told to abandon the bucket.
+func (sh *share) leave(ctx context.Context, l *ledger, now time.Time, all bool) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	delete(sh.ledgers, l)
@@ -476,7 +483,11 @@ func (sh *share) leave(ctx context.Context, l *ledger, now time.Time) {
 		sh.idle = now
 	}
 	if l.window == sh.window && sh.window != 0 {
-		if unused := l.charged - l.allowed; unused > 0 {
+		keep := l.held()
+		if all {
+			keep = l.allowed
+		}
+		if unused := l.charged - keep; unused > 0 {
 			sh.pool += unused
 			sh.exhausted = false // others may take them
 		}

@@ -1,0 +1,141 @@
+package rlqs_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/shared/policy"
+	"github.com/tollgate-dev/tollgate/shared/redistest"
+	"github.com/tollgate-dev/tollgate/shared/rlqs"
+)
+
+// TestRedisUnreachable kills Redis under a stream: the grant in force stays (no new
+// assignment replaces it), a new bucket gets the policy's failure mode (closed: a
+// blanket deny for one reporting interval), and once Redis is back new buckets get
+// grants again.
+func TestRedisUnreachable(t *testing.T) {
+	const doc = `
+domain: fleet
+failure: {mode: closed, timeout: 200ms, breaker: {failures: 1, open_for: 500ms}}
+rules:
+  - name: per-tenant
+    match: {tenant: "*"}
+    rlqs: {}
+    limits: [{algorithm: fixed_window, rate: 6000/60s}]
+`
+	srv := redistest.StartServer(t)
+	eng := newEngine(t, "redis://"+srv.Addr, false, doc)
+	c, _ := serve(t, eng, rlqs.Limits{})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	e := openEnvoy(t, ctx, c)
+	e.send(usage(0, 1, 0, "tenant", "held"))
+	e.waitFor(1)
+	held := e.last().action
+	if g := grantOf(held); g < 1 {
+		t.Fatalf("grant before the failure = %d, want at least 1", g)
+	}
+	srv.Kill()
+
+	// The bucket with a grant: a report changes nothing.
+	n := e.count()
+	e.send(usage(5, 0, 5*time.Second, "tenant", "held"), usage(0, 1, 0, "tenant", "new"))
+	e.waitFor(n + 1)
+	time.Sleep(300 * time.Millisecond) // room for a wrong second action to arrive
+	if got := e.count(); got != n+1 {
+		t.Fatalf("received %d actions for a report of two buckets, want 1 (the new bucket's; the grant in force stays)", got-n)
+	}
+	a := e.last().action
+	if a.GetBucketId().GetBucket()["tenant"] != "new" {
+		t.Fatalf("action for %v, want the new bucket", a.GetBucketId())
+	}
+	if s := a.GetQuotaAssignmentAction().GetRateLimitStrategy(); s.GetBlanketRule().String() != "DENY_ALL" || s.GetTokenBucket() != nil {
+		t.Errorf("new bucket while Redis is down: %v, want a blanket DENY_ALL (failure mode closed)", a)
+	}
+	if ttl := a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration(); ttl != policy.DefaultRLQSReportingInterval {
+		t.Errorf("failure mode's ttl = %s, want one reporting interval", ttl)
+	}
+
+	srv.Restart(t)
+	for i := 0; ; i++ {
+		n := e.count()
+		e.send(usage(0, 1, 0, "tenant", "after"+strconv.Itoa(i)))
+		e.waitFor(n + 1)
+		if grantOf(e.last().action) > 0 {
+			break
+		}
+		if i > 100 {
+			t.Fatalf("no grant after Redis came back: %v", e.last().action)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestAbandonIdle reports a bucket without requests: after a minute of Envoy's
+// reports (12) the service abandons it, and gives back its grant.
+func TestAbandonIdle(t *testing.T) {
+	eng := newEngine(t, "redis://"+redistest.StartServer(t).Addr, false, testPolicy)
+	c, _ := serve(t, eng, rlqs.Limits{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	e := openEnvoy(t, ctx, c)
+	e.send(usage(0, 1, 0, "tenant", "idle"))
+	e.waitFor(1)
+	for range 12 {
+		e.send(usage(0, 0, 5*time.Second, "tenant", "idle"))
+	}
+	waitUntil(t, "the bucket abandoned", func() bool {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		a := e.actions[len(e.actions)-1].action
+		return a.GetAbandonAction() != nil
+	})
+	waitUntil(t, "its grant given back", func() bool { return remaining(t, eng, "idle") == 6000 })
+}
+
+// TestPolicyReload changes the tenant's limit under a stream: the bucket's next
+// report is decided by the new policy's limit.
+func TestPolicyReload(t *testing.T) {
+	eng := newEngine(t, "redis://"+redistest.StartServer(t).Addr, false, testPolicy)
+	c, _ := serve(t, eng, rlqs.Limits{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	e := openEnvoy(t, ctx, c)
+	e.send(usage(0, 1, 0, "tenant", "r"))
+	e.waitFor(1)
+	p, err := policy.Parse([]byte(`
+domain: fleet
+failure: {timeout: 2s}
+rules:
+  - name: per-tenant
+    match: {tenant: "*"}
+    rlqs: {}
+    limits: [{algorithm: fixed_window, rate: 30/10s}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.SetPolicy(p); err != nil {
+		t.Fatal(err)
+	}
+	first := e.last().action.GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket().GetFillInterval().GetNanos()
+	n := e.count()
+	e.send(usage(0, 100, 5*time.Second, "tenant", "r"))
+	// The next new assignment (the same one sent again to end nearer the window's
+	// end does not count) is within the new limit.
+	waitUntil(t, "a new assignment", func() bool {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		for _, r := range e.actions[n:] {
+			if r.action.GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket().GetFillInterval().GetNanos() != first {
+				if g := grantOf(r.action); g > 30 {
+					t.Fatalf("grant %d after the reload, over the new limit of 30: %v", g, r.action)
+				}
+				return true
+			}
+		}
+		return false
+	})
+}
