@@ -94,8 +94,11 @@ type Config struct {
 	OnResponse func(*rlqspb.RateLimitQuotaResponse)
 }
 
-// Counts are requests admitted and denied.
-type Counts struct{ Admitted, Denied int64 }
+// Counts are requests admitted and denied. Unassigned counts the admitted
+// requests that no assignment of the server's admitted: a new bucket's first
+// request and those under no_assignment_behavior or
+// expired_assignment_behavior.
+type Counts struct{ Admitted, Denied, Unassigned int64 }
 
 // bucketState is where a bucket is in Envoy's cascade of actions.
 type bucketState int
@@ -251,7 +254,7 @@ func (e *Envoy) Request(headers map[string]string) Decision {
 			b.denied = 1
 		}
 		e.buckets[key] = b
-		e.count(key, now, allowed)
+		e.count(key, now, allowed, allowed)
 		e.startLocked()
 		e.sendLocked(e.usageReports([]*bucket{b}, now))
 		return Decision{Allowed: allowed, Bucket: key}
@@ -263,7 +266,7 @@ func (e *Envoy) Request(headers map[string]string) Decision {
 	} else {
 		b.denied++
 	}
-	e.count(key, now, allowed)
+	e.count(key, now, allowed, allowed && b.state != stateAssigned)
 	return Decision{Allowed: allowed, Bucket: key}
 }
 
@@ -310,8 +313,9 @@ func (e *Envoy) expireLocked(b *bucket, now time.Time) {
 	}
 }
 
-// count adds one request to the Stats of bucket key.
-func (e *Envoy) count(key string, now time.Time, allowed bool) {
+// count adds one request to the Stats of bucket key; unassigned: admitted by
+// no assignment of the server's.
+func (e *Envoy) count(key string, now time.Time, allowed, unassigned bool) {
 	w := now.UnixNano() / int64(e.cfg.Window)
 	m := e.stats[key]
 	if m == nil {
@@ -327,6 +331,9 @@ func (e *Envoy) count(key string, now time.Time, allowed bool) {
 		c.Admitted++
 	} else {
 		c.Denied++
+	}
+	if unassigned {
+		c.Unassigned++
 	}
 }
 
@@ -626,6 +633,7 @@ func (e *Envoy) Totals() Counts {
 		for _, c := range m {
 			t.Admitted += c.Admitted
 			t.Denied += c.Denied
+			t.Unassigned += c.Unassigned
 		}
 	}
 	return t

@@ -237,6 +237,9 @@ func TestFirstRequestReportedAtOnce(t *testing.T) {
 	if e.Unmatched() != 0 {
 		t.Fatalf("Unmatched() = %d, want 0", e.Unmatched())
 	}
+	if got := e.Totals(); got != (Counts{Admitted: 6, Unassigned: 6}) {
+		t.Fatalf("Totals() = %+v, want 6 admitted, all without an assignment", got)
+	}
 	if d := e.Request(map[string]string{}); !d.Allowed || d.Bucket != "" || e.Unmatched() != 1 {
 		t.Fatalf("Request(no header) = %+v, unmatched %d; want allowed, no bucket, 1 unmatched", d, e.Unmatched())
 	}
@@ -302,6 +305,10 @@ func TestTokenBucketAssignments(t *testing.T) {
 			t.Fatalf("%s: admitted %d of %d, want %d", st.name, a, st.n, st.want)
 		}
 	}
+	// Only the bucket's first request was admitted without an assignment.
+	if got := e.Totals().Unassigned; got != 1 {
+		t.Fatalf("Totals().Unassigned = %d, want 1 (the first request)", got)
+	}
 	// An action for an unknown bucket is ignored.
 	s.respond(t, e, blanketAction(map[string]string{"tenant": "zz"}, typev3.RateLimitStrategy_DENY_ALL, time.Minute))
 	if e.HasBucket(map[string]string{"tenant": "zz"}) {
@@ -339,6 +346,10 @@ func TestTimeToLive(t *testing.T) {
 	clock.Add(time.Millisecond)
 	if a := admitted(e, "a", 10); a != 10 {
 		t.Fatalf("admitted %d after the fallback's timeout, want 10 (ALLOW_ALL default)", a)
+	}
+	// All but the DENY_ALL's were admitted without an assignment.
+	if got := e.Totals(); got.Unassigned != got.Admitted || got.Admitted != 14 {
+		t.Fatalf("Totals() = %+v, want 14 admitted, all unassigned", got)
 	}
 
 	// A TTL under 1 s expires at once.
