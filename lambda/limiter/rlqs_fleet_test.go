@@ -607,15 +607,15 @@ func (f *fleet) start() {
 	}
 }
 
-// event runs event at the start of a window and three phases after it: the
-// first window (checked by first, and bounded), the second (bounded), and the
-// two windows that start at least 3 reporting intervals after the event, by
-// when the fleet must have settled again: bounded, shares by demand, the limit
-// used. active is the Envoys with demand after the event.
-func (f *fleet) event(name string, active func() []*fleetEnvoy, event func(), first ...func(*phase)) {
+// event runs event at the start of a window and phases after it: the first
+// window (checked by first, and bounded), the next unsettled-1 windows
+// (bounded), and then two windows by when the fleet must have settled again:
+// bounded, shares by demand, the limit used. active is the Envoys with demand
+// after the event.
+func (f *fleet) event(name string, active func() []*fleetEnvoy, unsettled int, event func(), first ...func(*phase)) {
 	f.during(name+": first window", nil, 1, event, append(first, f.checkWindows)...).active = active()
-	f.during(name+": second window", active(), 1, nil, f.checkWindows)
-	f.during(name+": after 3 intervals", active(), 2, nil, f.checkWindows, f.checkShares, f.checkUsed)
+	f.during(name+": until settled", active(), unsettled-1, nil, f.checkWindows)
+	f.during(name+": settled", active(), 2, nil, f.checkWindows, f.checkShares, f.checkUsed)
 }
 
 func (f *fleet) run() {
@@ -630,6 +630,9 @@ func (f *fleet) run() {
 	time.Sleep(3 * fleetReport)
 	f.during("steady", active, 2, nil, f.checkWindows, f.checkShares, f.checkUsed, f.checkRedis)
 
+	// Events are judged from the third window on (at least 3 reporting
+	// intervals after them), the kill from the fourth.
+	//
 	// A ninth Envoy joins; the fleet's total demand stays the same. It gets
 	// a share at once: its first report (sent with its first request) is
 	// answered within a reporting interval, and it admits in its first
@@ -637,7 +640,7 @@ func (f *fleet) run() {
 	// report, so how much is logged, not checked).
 	newcomer := f.addEnvoy(4, 0)
 	var granted atomic.Int64 // ns from the newcomer's first request to its first answer
-	f.event("join", current, func() {
+	f.event("join", current, 2, func() {
 		active = append(active, newcomer)
 		f.setDemand(active)
 		joined := time.Now()
@@ -667,7 +670,7 @@ func (f *fleet) run() {
 	// The two busiest Envoys leave: one goes idle, one shuts down. Their
 	// share flows to the others.
 	idle, gone := active[6], active[7]
-	f.event("leave", current, func() {
+	f.event("leave", current, 2, func() {
 		idle.setRate(0)
 		gone.leave()
 		active = slices.DeleteFunc(slices.Clone(active), func(fe *fleetEnvoy) bool { return fe == idle || fe == gone })
@@ -680,14 +683,18 @@ func (f *fleet) run() {
 		signalAll(t, pids, syscall.SIGSTOP)
 		time.AfterFunc(5*time.Second, func() { signalAll(t, pids, syscall.SIGCONT) })
 	}, f.checkWindows, f.checkAboutLimit)
-	f.event("redis back", current, nil)
+	f.event("redis back", current, 2, nil)
 
 	// tollgate0 dies: its Envoys' streams break and reopen on tollgate1 at
 	// their next report.
-	// Its Envoys may spend what their grants have left (docs/rlqs.md): the
-	// first window may pass the limit by that.
+	// It dies half way through a window, with grants in force: its Envoys may
+	// spend what those have left (docs/rlqs.md), so the first window may
+	// pass the limit by that; its Envoys' demand counts for four reporting
+	// intervals after its last publication, so the fleet settles from the
+	// third window on.
 	var kept int64
-	f.event("kill tollgate0", current, func() {
+	f.event("kill tollgate0", current, 3, func() {
+		time.Sleep(fleetWindow / 2)
 		for _, fe := range active {
 			if fe.e.Server() == f.insts[0].grpc {
 				tokens, _ := fe.e.Tokens(map[string]string{"tenant": "t1"})
