@@ -10,11 +10,8 @@ import (
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"net"
 
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 	"github.com/tollgate-dev/tollgate/shared/rlqs"
@@ -23,27 +20,9 @@ import (
 // serveWithMetrics is serve with the service's metrics on a registry of its own.
 func serveWithMetrics(t *testing.T, url string, limits rlqs.Limits) (rlqspb.RateLimitQuotaServiceClient, *prometheus.Registry) {
 	t.Helper()
-	eng := newEngine(t, url, false, testPolicy)
 	reg := prometheus.NewRegistry()
-	srv, err := rlqs.New(rlqs.Config{Engine: eng, Limits: limits, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer(rlqs.ServerOptions()...)
-	rlqspb.RegisterRateLimitQuotaServiceServer(gs, srv)
-	go gs.Serve(ln)
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(64<<20)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return rlqspb.NewRateLimitQuotaServiceClient(conn), reg
+	c, _ := serveConfig(t, rlqs.Config{Engine: newEngine(t, url, false, testPolicy), Limits: limits, Registerer: reg})
+	return c, reg
 }
 
 // heap returns the bytes of live heap after a collection.

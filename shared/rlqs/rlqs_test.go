@@ -63,7 +63,13 @@ func newEngine(t testing.TB, url string, cluster bool, doc string) *engine.Engin
 // returns a client of it.
 func serve(t testing.TB, eng *engine.Engine, limits rlqs.Limits) (rlqspb.RateLimitQuotaServiceClient, *rlqs.Server) {
 	t.Helper()
-	srv, err := rlqs.New(rlqs.Config{Engine: eng, Limits: limits})
+	return serveConfig(t, rlqs.Config{Engine: eng, Limits: limits})
+}
+
+// serveConfig is serve of a Server of cfg.
+func serveConfig(t testing.TB, cfg rlqs.Config) (rlqspb.RateLimitQuotaServiceClient, *rlqs.Server) {
+	t.Helper()
+	srv, err := rlqs.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
