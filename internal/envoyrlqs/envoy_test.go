@@ -495,3 +495,21 @@ func TestReplaceFull(t *testing.T) {
 		t.Fatalf("admitted %d after a changed assignment from an empty bucket with ReplaceFull, want 6 (full)", a)
 	}
 }
+
+// TestBlanketThenTokenBucket shows how a server can make today's Envoy start a
+// changed token bucket full: in one response, a blanket rule (which drops the
+// running bucket) and then the token bucket. Envoy applies a response's
+// actions in order and publishes the result once, so no request sees the
+// blanket rule.
+func TestBlanketThenTokenBucket(t *testing.T) {
+	t.Parallel()
+	e, _, s := withBucket(t, Config{})
+	s.respond(t, e, tokenBucketAction(tenantA, 4, 1, time.Hour, time.Minute))
+	admitted(e, "a", 4)
+	r := blanketAction(tenantA, typev3.RateLimitStrategy_DENY_ALL, time.Minute)
+	r.BucketAction = append(r.BucketAction, tokenBucketAction(tenantA, 6, 1, time.Hour, time.Minute).BucketAction...)
+	s.respond(t, e, r)
+	if a := admitted(e, "a", 10); a != 6 {
+		t.Fatalf("admitted %d after DENY_ALL then a token bucket of 6 in one response, want 6 (full)", a)
+	}
+}
