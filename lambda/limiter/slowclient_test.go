@@ -117,16 +117,27 @@ func startLimiterEnv(t *testing.T, env []string, args ...string) *process {
 // and args alone, and waits for it to listen.
 func startProcess(t *testing.T, dir string, env []string, args ...string) *process {
 	t.Helper()
+	p, err := tryStartProcess(t, dir, env, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// tryStartProcess is startProcess, returning an error when the limiter does not
+// come to listen (its log in the error), for a caller that may try again.
+func tryStartProcess(t *testing.T, dir string, env []string, args ...string) (*process, error) {
+	t.Helper()
 	cmd := exec.Command(limiterBinary(t), args...)
 	cmd.Dir = dir
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	p := &process{cmd: cmd, exited: make(chan struct{})}
 	addr := make(chan string, 1)
@@ -151,12 +162,12 @@ func startProcess(t *testing.T, dir string, env []string, args ...string) *proce
 	select {
 	case a := <-addr:
 		p.url = "http://" + a
+		return p, nil
 	case <-p.exited:
-		t.Fatalf("limiter exited before listening: %s", p.logText())
+		return nil, fmt.Errorf("limiter exited before listening: %s", p.logText())
 	case <-time.After(30 * time.Second):
-		t.Fatalf("limiter did not listen within 30s: %s", p.logText())
+		return nil, fmt.Errorf("limiter did not listen within 30s: %s", p.logText())
 	}
-	return p
 }
 
 func (p *process) logText() string {

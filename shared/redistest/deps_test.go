@@ -7,8 +7,8 @@ import (
 )
 
 // TestProductLeavesTestSupportOut checks that no package the product builds depends
-// on test support: this package, internal/configmaptest, the Envoy filter's wasm
-// host, or a testing package.
+// on test support: this package, internal/configmaptest, internal/envoyrlqs, the
+// Envoy filter's wasm host, or a testing package.
 func TestProductLeavesTestSupportOut(t *testing.T) {
 	t.Parallel()
 	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}",
@@ -22,7 +22,7 @@ func TestProductLeavesTestSupportOut(t *testing.T) {
 	}
 	for _, d := range deps {
 		switch {
-		case strings.HasSuffix(d, "/redistest"), strings.HasSuffix(d, "/configmaptest"), strings.HasSuffix(d, "/wasmhost"),
+		case strings.HasSuffix(d, "/redistest"), strings.HasSuffix(d, "/configmaptest"), strings.HasSuffix(d, "/wasmhost"), strings.HasSuffix(d, "/envoyrlqs"),
 			d == "testing", strings.HasPrefix(d, "testing/"):
 			t.Errorf("the product depends on test support: %s", d)
 		}
