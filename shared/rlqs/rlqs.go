@@ -495,6 +495,9 @@ func (st *stream) send(ds []decision) {
 				a.GetQuotaAssignmentAction().AssignmentTimeToLive = durationpb.New(left)
 			}
 		}
+		if d.fresh {
+			out = append(out, blanket(a.GetBucketId(), typev3.RateLimitStrategy_DENY_ALL, a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration()))
+		}
 		out = append(out, a)
 	}
 	if len(out) == 0 {

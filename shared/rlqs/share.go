@@ -205,6 +205,10 @@ type action = *rlqspb.RateLimitQuotaResponse_BucketAction
 type decision struct {
 	action action
 	by     time.Time
+	// fresh marks a new grant (a token bucket unlike the last): the stream sends a
+	// blanket rule for the bucket just before it, in the same response, so that Envoy
+	// starts the grant full (see tokenBucket).
+	fresh bool
 }
 
 // report applies one bucket's usage to ledger l and returns the action to send.
@@ -362,7 +366,7 @@ func (sh *share) decide(ctx context.Context, l *ledger, now time.Time) decision 
 		l.last = tokenBucket(l.id, grant, l.gen, ttl)
 	}
 	l.extended = false
-	return decision{l.last, sh.end.Add(-ttlMargin)}
+	return decision{action: l.last, by: sh.end.Add(-ttlMargin), fresh: grant > 0}
 }
 
 // release moves what ledger l holds beyond what its Envoy reported and may still
@@ -484,7 +488,7 @@ func (sh *share) unavailable(l *ledger, now time.Time, err error) decision {
 		n := max(1, int64(sh.failure.ExpectedInstances)) * max(1, int64(len(sh.ledgers)))
 		per := max(1, sh.count*int64(ttl)/int64(sh.period)/n)
 		l.gen++
-		return decision{action: tokenBucket(l.id, min(per, math.MaxUint32), l.gen, ttl)}
+		return decision{action: tokenBucket(l.id, min(per, math.MaxUint32), l.gen, ttl), fresh: true}
 	default:
 		return decision{action: blanket(l.id, typev3.RateLimitStrategy_ALLOW_ALL, ttl)}
 	}
@@ -587,7 +591,7 @@ func (sh *share) extend(now time.Time) map[*stream][]decision {
 		if out == nil {
 			out = map[*stream][]decision{}
 		}
-		out[l.st] = append(out[l.st], decision{a, sh.end.Add(-ttlMargin)})
+		out[l.st] = append(out[l.st], decision{action: a, by: sh.end.Add(-ttlMargin)})
 	}
 	return out
 }
@@ -597,12 +601,17 @@ func blanket(id *rlqspb.BucketId, rule typev3.RateLimitStrategy_BlanketRule, ttl
 	return assignment(id, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: rule}}, ttl)
 }
 
-// tokenBucket is a grant of units: a token bucket that starts full with units and
-// refills less than one token in its life. Envoy keeps a token bucket's state when
-// an assignment equal to the last arrives, comparing max_tokens, tokens_per_fill
-// and the nanos of fill_interval only, and rates it in whole seconds of
-// fill_interval; the nanos carry gen, so that every grant differs from the last and
-// Envoy starts it full, without changing the rate.
+// tokenBucket is a grant of units: a token bucket of units that refills less than
+// one token in its life. Envoy keeps a token bucket's state when an assignment equal
+// to the last arrives, comparing max_tokens, tokens_per_fill and the nanos of
+// fill_interval only, and rates it in whole seconds of fill_interval; the nanos carry
+// gen, so that every grant differs from the last, without changing the rate. A
+// changed token bucket starts with the ratio of remaining to maximum tokens of the
+// one it replaces (Envoy since 1.33), so an Envoy that spent its grant would start the
+// next one empty; a bucket that holds no token bucket starts it full. So a fresh
+// grant follows a blanket rule for the same bucket in the same response (stream.send):
+// Envoy applies a response's actions in order and publishes the result once, so no
+// request sees the blanket rule.
 func tokenBucket(id *rlqspb.BucketId, units int64, gen uint32, ttl time.Duration) action {
 	fill := durationpb.New(fillInterval)
 	fill.Nanos = int32(1 + gen%999_999_999)
