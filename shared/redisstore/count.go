@@ -15,12 +15,11 @@ import (
 // The commonest request, one fixed_window limit, is decided with no script: INCRBY of
 // the window's key and PEXPIREAT of its end, pipelined in one round trip, then, only
 // when the count went past the limit, DECRBY in a second, so a denied request leaves
-// nothing charged. envoyproxy/ratelimit sends INCRBY + EXPIRE; under callgrind
-// (redis-server 7.0, 20,000 decisions on new keys) INCRBY + PEXPIREAT costs Redis
-// 10,600 instructions a decision against 11,600 for INCRBY + EXPIRE, whose relative
-// TTL Redis rewrites into an absolute one for its replicas and AOF, 12,400 for
-// INCRBY + PEXPIRE NX, and 55,000 for the library's call. A window this store has
-// already counted in gets INCRBY alone: 5,100.
+// nothing charged. envoyproxy/ratelimit sends INCRBY + EXPIRE. Redis's instructions
+// per decision (make callgrind; docs/design/redis-functions.md): 13,300 on a new key
+// against 12,900 for INCRBY + EXPIRE, 7,100 for INCRBY alone in a window this store
+// has counted in, 55,000 for the library's call. (EXPIRE is relative: Redis rewrites
+// it into an absolute expiry for its replicas and AOF, which PEXPIREAT does not need.)
 //
 // The window is named by this process's clock (the caller's clock, as
 // envoyproxy/ratelimit names it), not the server's: instances whose clocks differ by
