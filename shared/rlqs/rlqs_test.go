@@ -7,8 +7,10 @@ import (
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tollgate-dev/tollgate/shared/engine"
@@ -154,10 +156,16 @@ func TestFirstReportGetsGrant(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(resp.BucketAction) != 1 {
-				t.Fatalf("Recv() = %d actions, want 1", len(resp.BucketAction))
+			// A fresh grant comes after a DENY_ALL blanket rule for its bucket, so that
+			// Envoy starts its token bucket full.
+			if len(resp.BucketAction) != 2 {
+				t.Fatalf("Recv() = %d actions, want 2 (a blanket rule, then the grant)", len(resp.BucketAction))
 			}
-			a := resp.BucketAction[0]
+			if r := resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy(); r.GetBlanketRule() != typev3.RateLimitStrategy_DENY_ALL || r.GetTokenBucket() != nil ||
+				!proto.Equal(resp.BucketAction[0].GetBucketId(), resp.BucketAction[1].GetBucketId()) {
+				t.Fatalf("first action = %v, want DENY_ALL for the grant's bucket", resp.BucketAction[0])
+			}
+			a := resp.BucketAction[1]
 			g := grantOf(a)
 			ttl := a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration()
 			t.Logf("grant %d, ttl %s: %v", g, ttl, a)
