@@ -10,6 +10,7 @@ import (
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -73,10 +74,11 @@ func TestRLQSOnGRPCListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(resp.BucketAction) != 1 {
-		t.Fatalf("Recv() = %v, want one bucket action", resp)
+	// a fresh grant comes after a DENY_ALL blanket rule for its bucket
+	if len(resp.BucketAction) != 2 || resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetBlanketRule() != typev3.RateLimitStrategy_DENY_ALL {
+		t.Fatalf("Recv() = %v, want a DENY_ALL blanket rule, then a grant", resp)
 	}
-	tb := resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket()
+	tb := resp.BucketAction[1].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket()
 	if tb == nil || tb.GetMaxTokens() < 1 || tb.GetMaxTokens() > 6000 {
 		t.Errorf("Recv() = %v, want a token bucket of 1 to 6000 tokens", resp)
 	}

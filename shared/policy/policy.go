@@ -357,6 +357,8 @@ func (q *RLQS) Problems(r *Rule) [][2]string {
 	for i, l := range r.Limits {
 		at := fmt.Sprintf("limits[%d]", i)
 		switch {
+		case i > 0 && l.Period != r.Limits[0].Period:
+			bad(at+".rate", fmt.Sprintf("rule %q: the limits of an rlqs rule share their window, so they must have one period (limits[0] has %v); split them into rules", r.Name, r.Limits[0].Period))
 		case l.Algorithm.Valid() && l.Algorithm != algo.FixedWindow:
 			bad(at+".algorithm", fmt.Sprintf("rule %q: rlqs grants units of fixed_window limits only, not %s (a grant is spent inside the window it was taken from); use algorithm: fixed_window or remove rlqs", r.Name, l.Algorithm))
 		case l.Calendar.Unit != "":

@@ -280,7 +280,8 @@ type stream struct {
 	srv grpc.BidiStreamingServer[rlqspb.RateLimitQuotaUsageReports, rlqspb.RateLimitQuotaResponse]
 
 	sendMu sync.Mutex
-	broken bool // a send failed: the stream is ending
+	broken bool               // a send failed: the stream is ending
+	sent   map[*ledger]uint32 // the newest assignment number sent per bucket
 
 	// Owned by the receiving goroutine.
 	domain  string
@@ -409,6 +410,9 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 
 // forget drops ledger l from the stream, which has left its share.
 func (st *stream) forget(l *ledger) {
+	st.sendMu.Lock()
+	delete(st.sent, l)
+	st.sendMu.Unlock()
 	delete(st.buckets, l.key)
 	st.s.dropBucket()
 	st.s.metrics.buckets.Dec()
@@ -484,6 +488,15 @@ func (st *stream) send(ds []decision) {
 	now := st.s.clock()
 	out := make([]action, 0, len(ds))
 	for _, d := range ds {
+		if d.l != nil {
+			if g, ok := st.sent[d.l]; ok && d.gen < g {
+				continue // decided before an assignment already sent
+			}
+			if st.sent == nil {
+				st.sent = map[*ledger]uint32{}
+			}
+			st.sent[d.l] = d.gen
+		}
 		a := d.action
 		if !d.by.IsZero() {
 			left := d.by.Sub(now).Truncate(time.Second)

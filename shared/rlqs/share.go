@@ -209,6 +209,13 @@ type decision struct {
 	// blanket rule for the bucket just before it, in the same response, so that Envoy
 	// starts the grant full (see tokenBucket).
 	fresh bool
+	// l and gen are the ledger decided for and its assignment's number then: a
+	// decision made under the share's lock is sent after it, so the stream drops one
+	// older than what it sent the bucket already (an extension decided before a
+	// fresh grant but sent after it would replace the grant with the old one, which
+	// Envoy would then restart).
+	l   *ledger
+	gen uint32
 }
 
 // report applies one bucket's usage to ledger l and returns the action to send.
@@ -366,7 +373,7 @@ func (sh *share) decide(ctx context.Context, l *ledger, now time.Time) decision 
 		l.last = tokenBucket(l.id, grant, l.gen, ttl)
 	}
 	l.extended = false
-	return decision{action: l.last, by: sh.end.Add(-ttlMargin), fresh: grant > 0}
+	return decision{action: l.last, by: sh.end.Add(-ttlMargin), fresh: grant > 0, l: l, gen: l.gen}
 }
 
 // release moves what ledger l holds beyond what its Envoy reported and may still
@@ -483,14 +490,14 @@ func (sh *share) unavailable(l *ledger, now time.Time, err error) decision {
 	ttl := sh.interval
 	switch sh.failure.Mode {
 	case policy.FailClosed:
-		return decision{action: blanket(l.id, typev3.RateLimitStrategy_DENY_ALL, ttl)}
+		return decision{action: blanket(l.id, typev3.RateLimitStrategy_DENY_ALL, ttl), l: l, gen: l.gen}
 	case policy.FailLocal:
 		n := max(1, int64(sh.failure.ExpectedInstances)) * max(1, int64(len(sh.ledgers)))
-		per := max(1, sh.count*int64(ttl)/int64(sh.period)/n)
+		per := max(1, int64(float64(sh.count)*ttl.Seconds()/sh.period.Seconds()/float64(n)))
 		l.gen++
-		return decision{action: tokenBucket(l.id, min(per, math.MaxUint32), l.gen, ttl), fresh: true}
+		return decision{action: tokenBucket(l.id, min(per, math.MaxUint32), l.gen, ttl), fresh: true, l: l, gen: l.gen}
 	default:
-		return decision{action: blanket(l.id, typev3.RateLimitStrategy_ALLOW_ALL, ttl)}
+		return decision{action: blanket(l.id, typev3.RateLimitStrategy_ALLOW_ALL, ttl), l: l, gen: l.gen}
 	}
 }
 
@@ -591,7 +598,7 @@ func (sh *share) extend(now time.Time) map[*stream][]decision {
 		if out == nil {
 			out = map[*stream][]decision{}
 		}
-		out[l.st] = append(out[l.st], decision{action: a, by: sh.end.Add(-ttlMargin)})
+		out[l.st] = append(out[l.st], decision{action: a, by: sh.end.Add(-ttlMargin), l: l, gen: l.gen})
 	}
 	return out
 }
