@@ -2,6 +2,7 @@ package rlqs_test
 
 import (
 	"context"
+	"github.com/prometheus/client_golang/prometheus"
 	"math"
 	"sync"
 	"testing"
@@ -245,7 +246,8 @@ func TestSkewedDemandAcrossInstances(t *testing.T) {
 // UNAVAILABLE.
 func TestBrokenStreamKeepsGrant(t *testing.T) {
 	eng := newEngine(t, "redis://"+redistest.StartServer(t).Addr, false, testPolicy)
-	c, srv := serve(t, eng, rlqs.Limits{})
+	reg := prometheus.NewRegistry()
+	c, srv := serveConfig(t, rlqs.Config{Engine: eng, Registerer: reg})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sctx, scancel := context.WithCancel(ctx)
@@ -256,6 +258,14 @@ func TestBrokenStreamKeepsGrant(t *testing.T) {
 	before := remaining(t, eng, "k")
 	scancel()
 	<-e.done
+	// The service has closed the broken stream (its give back done) once it
+	// counts no stream open.
+	for streams(t, reg) != 0 {
+		if ctx.Err() != nil {
+			t.Fatal("the broken stream is still counted open")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	other := openEnvoy(t, ctx, c)
 	other.send(usage(0, 1, 0, "tenant", "other"))
 	other.waitFor(1) // the server has served a stream since the break
@@ -267,4 +277,20 @@ func TestBrokenStreamKeepsGrant(t *testing.T) {
 	if st := status.Convert(other.failed()); st.Code() != codes.Unavailable {
 		t.Errorf("stream after Shutdown ended with %v, want UNAVAILABLE", other.failed())
 	}
+}
+
+// streams reads the tollgate_rlqs_streams gauge of reg.
+func streams(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "tollgate_rlqs_streams" {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatal("no tollgate_rlqs_streams gauge")
+	return 0
 }
