@@ -2,13 +2,13 @@ package rlqs_test
 
 import (
 	"context"
-	"github.com/prometheus/client_golang/prometheus"
 	"math"
 	"sync"
 	"testing"
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
