@@ -544,19 +544,9 @@ func (f *fleet) checkShares(ph *phase) {
 // window of ph (demand is twice the limit, so a share left unused shows).
 func (f *fleet) checkUsed(ph *phase) {
 	f.t.Helper()
-	// Steady, a window uses 80% of the limit at least. After an event, 60%: a
-	// departed Envoy's or a killed instance's demand stays in the fleet's for up to
-	// 5.5 reporting intervals (docs/rlqs.md), shrinking the others' grants, and each
-	// 2 s window loses its last 250-350 ms, when grants have expired; on a loaded
-	// machine (the race-enabled suite, every package at once) windows after a kill
-	// measured 72% of the limit.
-	floor := fleetLimit * 8 / 10
-	if ph.name != "steady" && ph.name != "steady, Envoy defaults" {
-		floor = fleetLimit * 6 / 10
-	}
 	for _, i := range ph.windows {
-		if got := ph.fleet[i].Admitted; got < int64(floor) {
-			f.t.Errorf("%s: window %d admitted %d, want at least %d (%d%% of the limit; demand is twice it)", ph.name, i, got, floor, 100*floor/fleetLimit)
+		if got := ph.fleet[i].Admitted; got < fleetLimit*8/10 {
+			f.t.Errorf("%s: window %d admitted %d, want at least %d (80%% of the limit; demand is twice it)", ph.name, i, got, fleetLimit*8/10)
 		}
 	}
 }

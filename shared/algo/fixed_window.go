@@ -111,13 +111,13 @@ func (l Limit) WindowKey(key string, now int64) (name string, end int64) {
 	return key + ":" + strconv.FormatInt(w, 10), end
 }
 
-// Counted is the decision of a fixed_window meter whose window at now already held
+// Counted is the decision of the fixed_window limit l whose window at now already held
 // used units before cost more were counted into it: what the Go model (and the Lua
 // library) decide from the same count. A store that counts with INCRBY decides with
 // it.
-func (m Meter) Counted(now, used, cost int64) Decision {
-	l := m.Limits[0].In(now)
+func (l Limit) Counted(now, used, cost int64) Decision {
+	l = l.In(now)
 	w, _ := fixedWindowAt(l, now)
-	_, ds := Meter{Limits: []Limit{l}}.StepMicros(State{Set: true, Window: w, Count: used}, now, cost)
-	return ds[0]
+	_, d := fixedWindow(l, State{Set: true, Window: w, Count: used}, now, cost, "", false)
+	return d
 }

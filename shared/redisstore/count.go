@@ -161,7 +161,7 @@ func (cc *countCall) answer(ctx context.Context) (algo.Reply, []redis.Cmder, err
 	if err != nil {
 		return algo.Reply{}, nil, fmt.Errorf("redisstore: decide %q: %w", cc.key, err)
 	}
-	d := algo.Meter{Limits: []algo.Limit{cc.limit}}.Counted(cc.now, n-cc.cost, cc.cost)
+	d := cc.limit.Counted(cc.now, n-cc.cost, cc.cost)
 	rep := algo.Reply{Allowed: d.Allowed || cc.shadow, NowMicros: cc.now, Decisions: [][]algo.Decision{{d}}}
 	var more []redis.Cmder
 	if !d.Allowed {
