@@ -52,7 +52,7 @@ import (
 
 // counts reports whether c is decided by counting (see above).
 func (s *Store) counts(c algo.Check) bool {
-	if len(c.Meters) != 1 || c.Cost <= 0 || c.Settle || s.clockOff.Load() {
+	if len(c.Meters) != 1 || c.Cost <= 0 || c.Settle || !s.clockInStep() {
 		return false
 	}
 	m := c.Meters[0]
@@ -85,16 +85,21 @@ func (s *Store) checkClock(ctx context.Context) (time.Duration, error) {
 	}
 	mid := before.Add(time.Since(before) / 2)
 	off := time.UnixMicro(server).Sub(mid)
-	s.clockOff.Store(off > maxClockOffset || off < -maxClockOffset)
 	s.clockOffset.Store(int64(off))
 	return off, nil
+}
+
+// clockInStep reports whether the last offset measured is within maxClockOffset.
+func (s *Store) clockInStep() bool {
+	off := time.Duration(s.clockOffset.Load())
+	return off <= maxClockOffset && off >= -maxClockOffset
 }
 
 // ClockOffset returns the Redis server's clock minus this process's, as the last
 // Preload measured it, and whether the store counts fixed windows on this process's
 // clock (the offset is within half a second).
 func (s *Store) ClockOffset() (time.Duration, bool) {
-	return time.Duration(s.clockOffset.Load()), !s.clockOff.Load()
+	return time.Duration(s.clockOffset.Load()), s.clockInStep()
 }
 
 // A countCall is one request decided by counting. It keeps what it needs of the

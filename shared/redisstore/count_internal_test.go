@@ -51,8 +51,8 @@ func TestWindowSetBounded(t *testing.T) {
 
 // TestClockCheck: Preload measures the offset between this clock and the server's
 // (on one machine, small: counting stays on); a store whose check found them too far
-// apart (clockOff, which checkClock sets past maxClockOffset; a server's TIME cannot be
-// moved to show it) sends one-limit fixed_window requests to the library.
+// apart (an offset past maxClockOffset, set here: a server's TIME cannot be moved to
+// show it) sends one-limit fixed_window requests to the library.
 func TestClockCheck(t *testing.T) {
 	srv := redistest.StartServer(t)
 	s, err := New(srv.Client(t))
@@ -71,7 +71,7 @@ func TestClockCheck(t *testing.T) {
 	if !s.counts(c) {
 		t.Fatal("a one-limit fixed_window check does not count with the clocks in step")
 	}
-	s.clockOff.Store(true) // what checkClock stores for an offset past maxClockOffset
+	s.clockOffset.Store(int64(2 * maxClockOffset)) // as checkClock stores a server's clock a second ahead
 	if s.counts(c) {
 		t.Fatal("a store whose clock is off still counts")
 	}

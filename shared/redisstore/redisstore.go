@@ -36,11 +36,11 @@ type Store struct {
 	functions   map[algo.Entry]any
 	scripts     map[algo.Entry]*redis.Script
 	noFunctions atomic.Bool
-	// windows are the counted fixed windows known to exist with their expiry; clockOff
-	// turns counting off while this process's clock is too far from the server's;
-	// followUpsFailed counts the second round trips' commands that failed (count.go).
+	// windows are the counted fixed windows known to exist with their expiry;
+	// clockOffset is the server's clock minus this process's (counting is off while
+	// it is too large); followUpsFailed counts the second round trips' commands that
+	// failed (count.go).
 	windows         windowSet
-	clockOff        atomic.Bool
 	clockOffset     atomic.Int64 // time.Duration
 	followUpsFailed atomic.Int64
 	// unreplicated counts the charges answered before the replicas they asked for
