@@ -194,7 +194,7 @@ func (d *decoder) counter(lf *fields, l algo.Limit, r *Rule, rulePath string, j 
 		return ""
 	}
 	switch {
-	case !nameRE.MatchString(s):
+	case !ValidName(s):
 		d.addf(n, at, "%s: %s", quote(s), nameRule)
 	case l.Algorithm == algo.BucketRing:
 		d.add(n, at, "a rule's bucket_ring limits share one key of their own; remove counter, or use another algorithm")

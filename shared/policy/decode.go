@@ -30,8 +30,6 @@ import (
 // directly.
 
 var (
-	nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
-	attrRE = regexp.MustCompile(`^[a-z0-9_.-]{1,64}$`)
 	// sha256RE is a SHA-256 in hex, as sha256sum writes it.
 	sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 	// plainKeyRE is the form of a field name written into a path without quotes.
@@ -40,10 +38,26 @@ var (
 
 // ValidName reports whether s is a name the policy accepts for its domain and its
 // rules.
-func ValidName(s string) bool { return nameRE.MatchString(s) }
+func ValidName(s string) bool {
+	return len(s) <= 63 && s != "" && s[0] != '_' && s[0] != '.' && s[0] != '-' && nameChars(s)
+}
 
 // ValidAttribute reports whether s is a name the policy accepts for an attribute.
-func ValidAttribute(s string) bool { return attrRE.MatchString(s) }
+func ValidAttribute(s string) bool { return len(s) <= 64 && s != "" && nameChars(s) }
+
+// nameChars reports whether s is made of a-z, 0-9, '_', '.' and '-' only (a loop
+// rather than a regular expression: package rls checks every descriptor entry's key
+// with it, and the regular expression was a percent of BenchmarkShouldRateLimit).
+func nameChars(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '_', c == '.', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 const (
 	nameRule = "use 1 to 63 characters of a-z, 0-9, '_', '.' and '-', starting with a letter or digit"
@@ -188,7 +202,7 @@ func (d *decoder) parse(data []byte) *Policy {
 		DenyCache: DenyCache{Enabled: true, MaxEntries: DefaultDenyCacheEntries},
 	}
 	if n := f.need("domain", "name the policy, e.g. domain: public-api"); n != nil {
-		if s, ok := d.str(n, "domain", "a domain name"); ok && !nameRE.MatchString(s) {
+		if s, ok := d.str(n, "domain", "a domain name"); ok && !ValidName(s) {
 			d.addf(n, "domain", "%s: %s", quote(s), nameRule)
 		}
 		p.Domain = n.Value
@@ -546,7 +560,7 @@ func (f *fields) attr(name string, dst *string) *yaml.Node {
 		return nil
 	}
 	s, ok := f.d.str(n, f.at(name), "an attribute name")
-	if ok && !attrRE.MatchString(s) {
+	if ok && !ValidAttribute(s) {
 		f.d.addf(n, f.at(name), "%s: %s", quote(s), attrRule)
 		ok = false
 	}
@@ -815,7 +829,7 @@ func (d *decoder) rule(n *yaml.Node, path, shardBy string, replaces map[*Rule][]
 	nameNode := f.need("name", "give the rule a name, e.g. name: per-key")
 	if nameNode != nil {
 		if s, ok := d.str(nameNode, f.at("name"), "a rule name"); ok {
-			if nameRE.MatchString(s) {
+			if ValidName(s) {
 				r.Name = s
 			} else {
 				d.addf(nameNode, f.at("name"), "%s: %s", quote(s), nameRule)
@@ -937,7 +951,7 @@ func (d *decoder) match(n *yaml.Node, path string, r *Rule) {
 			continue
 		}
 		ap := join(path, k.Value)
-		if !attrRE.MatchString(k.Value) {
+		if !ValidAttribute(k.Value) {
 			d.addf(k, ap, "%s: %s", quote(k.Value), attrRule)
 			continue
 		}

@@ -298,6 +298,9 @@ func (s *Server) domain(name string) (d Domain, domain string, ok bool) {
 	}
 	if m := s.domains.Load(); m != nil {
 		if d, ok := (*m)[name]; ok {
+			if d.Engine.Policy().Domain == name {
+				return d, name, true // the name was valid as it is: no need to fit it
+			}
 			return d, erl.DomainName(name), true
 		}
 	}
