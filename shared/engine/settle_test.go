@@ -31,16 +31,9 @@ type settleTarget struct {
 // settleTargets starts a standalone Redis and a three-master cluster.
 func settleTargets(t *testing.T) []settleTarget {
 	t.Helper()
-	srv := redistest.StartServer(t)
-	cl := redistest.StartCluster(t)
 	var out []settleTarget
-	for _, tc := range []struct {
-		name    string
-		url     string
-		cluster bool
-		client  redis.UniversalClient
-	}{{"standalone", srv.URL(), false, srv.Client(t)}, {"cluster", cl.URL(), true, cl.Client(t)}} {
-		st, err := redisstore.Open(redisstore.Config{URL: tc.url, Cluster: tc.cluster, Timeout: 2 * time.Second})
+	for _, tc := range redistest.Targets(t) {
+		st, err := redisstore.Open(redisstore.Config{URL: tc.URL, Cluster: tc.Cluster, Timeout: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -48,7 +41,7 @@ func settleTargets(t *testing.T) []settleTarget {
 		if err := st.Preload(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, settleTarget{tc.name, st, tc.client})
+		out = append(out, settleTarget{tc.Name, st, tc.Client})
 	}
 	return out
 }

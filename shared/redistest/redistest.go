@@ -745,3 +745,20 @@ func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 func (c *Cluster) Nodes() []*Server {
 	return append([]*Server(nil), c.nodes...)
 }
+
+// A Target is one Redis topology a test runs on: a standalone server or a
+// three-master cluster.
+type Target struct {
+	Name    string // "standalone" or "cluster"
+	URL     string // the store's REDIS_URL for it
+	Cluster bool   // whether the store must open it as a cluster
+	Client  redis.UniversalClient
+}
+
+// Targets starts a standalone server and a three-master cluster, for a test that
+// runs on both; their clients are closed when t ends.
+func Targets(t testing.TB) []Target {
+	t.Helper()
+	srv, cl := StartServer(t), StartCluster(t)
+	return []Target{{"standalone", srv.URL(), false, srv.Client(t)}, {"cluster", cl.URL(), true, cl.Client(t)}}
+}

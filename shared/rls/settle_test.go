@@ -154,22 +154,15 @@ func jsonAsker(srv *rls.Server) asker {
 // until the window ends; a settlement of 0 charges nothing; descriptors that disagree
 // are refused with the fix.
 func TestSettleTenantScenario(t *testing.T) {
-	srv := redistest.StartServer(t)
-	cl := redistest.StartCluster(t)
-	for _, tg := range []struct {
-		name    string
-		url     string
-		cluster bool
-		client  redis.UniversalClient
-	}{{"standalone", srv.URL(), false, srv.Client(t)}, {"cluster", cl.URL(), true, cl.Client(t)}} {
-		st, err := redisstore.Open(redisstore.Config{URL: tg.url, Cluster: tg.cluster, Timeout: 2 * time.Second})
+	for _, tg := range redistest.Targets(t) {
+		st, err := redisstore.Open(redisstore.Config{URL: tg.URL, Cluster: tg.Cluster, Timeout: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { st.Close() })
 		for _, kind := range []string{"policy", "erl"} {
 			for _, door := range []string{"grpc", "json"} {
-				t.Run(tg.name+"/"+kind+"/"+door, func(t *testing.T) {
+				t.Run(tg.Name+"/"+kind+"/"+door, func(t *testing.T) {
 					s := tokensServer(t, kind, st, engine.Hooks{})
 					ask := asker(jsonAsker(s))
 					if door == "grpc" {
@@ -178,7 +171,7 @@ func TestSettleTenantScenario(t *testing.T) {
 							return c.ShouldRateLimit(context.Background(), r)
 						}
 					}
-					tenant := fmt.Sprintf("t-%s-%s-%s-%d", tg.name, kind, door, time.Now().UnixNano())
+					tenant := fmt.Sprintf("t-%s-%s-%s-%d", tg.Name, kind, door, time.Now().UnixNano())
 					inOneMinute(10 * time.Second)
 					step := func(what string, req *rlsv3.RateLimitRequest, code rlsv3.RateLimitResponse_Code, remaining uint32, counter int64) *rlsv3.RateLimitResponse_DescriptorStatus {
 						t.Helper()
@@ -190,7 +183,7 @@ func TestSettleTenantScenario(t *testing.T) {
 						if resp.OverallCode != code || st.Code != code || st.LimitRemaining != remaining {
 							t.Fatalf("%s: %v (status %v, %d remaining), want %v with %d remaining", what, resp.OverallCode, st.Code, st.LimitRemaining, code, remaining)
 						}
-						if got := counted(t, tg.client, tenant); got != counter {
+						if got := counted(t, tg.Client, tenant); got != counter {
 							t.Fatalf("%s: Redis's counter holds %d, want %d (ERL's INCRBY after the same calls)", what, got, counter)
 						}
 						return st
@@ -212,7 +205,7 @@ func TestSettleTenantScenario(t *testing.T) {
 					if _, err := ask(mixed); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "which settles") || !strings.Contains(err.Error(), "apply_on_stream_done") {
 						t.Errorf("a check and a settlement in one request: %v, want INVALID_ARGUMENT naming the fix", err)
 					}
-					if got := counted(t, tg.client, tenant); got != 1101 {
+					if got := counted(t, tg.Client, tenant); got != 1101 {
 						t.Errorf("after the refused request, Redis's counter holds %d, want 1101", got)
 					}
 				})
@@ -257,22 +250,15 @@ func TestSettleFailure(t *testing.T) {
 // admitted tokens stay within the limit plus what the clients in flight settle (16 ×
 // (1 + 200)).
 func TestSettleUnderLoad(t *testing.T) {
-	srv := redistest.StartServer(t)
-	cl := redistest.StartCluster(t)
-	for _, tg := range []struct {
-		name    string
-		url     string
-		cluster bool
-		client  redis.UniversalClient
-	}{{"standalone", srv.URL(), false, srv.Client(t)}, {"cluster", cl.URL(), true, cl.Client(t)}} {
-		t.Run(tg.name, func(t *testing.T) {
-			st, err := redisstore.Open(redisstore.Config{URL: tg.url, Cluster: tg.cluster, Timeout: 2 * time.Second})
+	for _, tg := range redistest.Targets(t) {
+		t.Run(tg.Name, func(t *testing.T) {
+			st, err := redisstore.Open(redisstore.Config{URL: tg.URL, Cluster: tg.Cluster, Timeout: 2 * time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { st.Close() })
 			c := serve(t, tokensServer(t, "policy", st, engine.Hooks{}))
-			tenant := fmt.Sprintf("load-%s-%d", tg.name, time.Now().UnixNano())
+			tenant := fmt.Sprintf("load-%s-%d", tg.Name, time.Now().UnixNano())
 			const clients, limit, most = 16, 1000, 200
 			var admitted, denied, settled atomic.Int64
 			inOneMinute(5 * time.Second)
@@ -311,8 +297,8 @@ func TestSettleUnderLoad(t *testing.T) {
 			for err := range errs {
 				t.Fatal(err)
 			}
-			got := counted(t, tg.client, tenant)
-			t.Logf("%s: %d checks admitted (%d denied), %d tokens settled; Redis's counter holds %d", tg.name, admitted.Load(), denied.Load(), settled.Load(), got)
+			got := counted(t, tg.Client, tenant)
+			t.Logf("%s: %d checks admitted (%d denied), %d tokens settled; Redis's counter holds %d", tg.Name, admitted.Load(), denied.Load(), settled.Load(), got)
 			if want := admitted.Load() + settled.Load(); got != want {
 				t.Errorf("Redis's counter holds %d, want %d: the admitted checks and every settled token", got, want)
 			}
