@@ -49,16 +49,7 @@ func TestRLQS(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := policy.Parse([]byte("domain: fleet\nrules:\n  - {name: r, " + tc.rule + "}\n"))
-			ve, ok := errors.AsType[*policy.ValidationError](err)
-			if !ok {
-				t.Fatalf("Parse() = %v, want a ValidationError", err)
-			}
-			for _, pr := range ve.Problems {
-				if pr.Path == tc.path && strings.Contains(pr.Msg, tc.want) {
-					return
-				}
-			}
-			t.Errorf("Parse() = %v, want a problem at %s saying %q", err, tc.path, tc.want)
+			wantProblem(t, err, tc.path, tc.want)
 		})
 	}
 }
@@ -92,16 +83,23 @@ func TestRLQSPeriods(t *testing.T) {
 				}
 				return
 			}
-			ve, ok := errors.AsType[*policy.ValidationError](err)
-			if !ok {
-				t.Fatalf("Parse() = %v, want a ValidationError", err)
-			}
-			for _, pr := range ve.Problems {
-				if pr.Path == tc.path && strings.Contains(pr.Msg, tc.want) {
-					return
-				}
-			}
-			t.Errorf("Parse() = %v, want a problem at %s saying %q", err, tc.path, tc.want)
+			wantProblem(t, err, tc.path, tc.want)
 		})
 	}
+}
+
+// wantProblem fails t unless err is a ValidationError with a problem at path whose
+// message holds want.
+func wantProblem(t *testing.T, err error, path, want string) {
+	t.Helper()
+	ve, ok := errors.AsType[*policy.ValidationError](err)
+	if !ok {
+		t.Fatalf("Parse() = %v, want a ValidationError", err)
+	}
+	for _, pr := range ve.Problems {
+		if pr.Path == path && strings.Contains(pr.Msg, want) {
+			return
+		}
+	}
+	t.Errorf("Parse() = %v, want a problem at %s saying %q", err, path, want)
 }
