@@ -391,11 +391,14 @@ func (q *RLQS) Problems(r *Rule) [][2]string {
 // once, and a grant expires before any of the limits' windows ends. That is exact,
 // and serves each limit in full, when every other limit's window ends where one of
 // those windows does and has a larger count: then the smallest count's windows are
-// the windows of the share. Otherwise units taken in one window of a longer limit
-// can be granted again after it ends (over-admission), and grants cut short by a
-// shorter window hold their unspent units for the rest of the longer one
-// (measured: 83 and 93 of 100 per 10s admitted beside 1000/2s, with twice the
-// demand).
+// the windows of the share. Otherwise grants cut short by a shorter window hold
+// their unspent units for the rest of the longer one (measured: 83 and 93 of 100
+// per 10s admitted beside 1000/2s, with twice the demand), and units taken in one
+// window of a longer limit could be granted again after it ends, while the share's
+// window goes on (over-admission; the code allows it, no run has shown it). The
+// test is pairwise, so it also refuses a limit that another makes redundant, and
+// two periods that are not multiples of each other even where both are multiples
+// of the smallest count's.
 func periodConflict(a, b algo.Limit) string {
 	if a.Period == b.Period || a.Period <= 0 || b.Period <= 0 {
 		return ""
