@@ -57,6 +57,10 @@ type Config struct {
 	// stream breaks the next one is opened to the next server that accepts a
 	// stream, as Envoy's gRPC cluster would pick another healthy host.
 	Servers []string
+	// Clients, instead of Servers, are RLQS clients the Envoy opens its
+	// streams on, in the same order (e.g. a test's in-process client); Server
+	// then names them "client 0", "client 1", and so on.
+	Clients []rlqspb.RateLimitQuotaServiceClient
 	// BucketID builds each request's bucket id (bucket_id_builder). A
 	// request that lacks a header named here is allowed and never reported,
 	// as Envoy fails open when it cannot build the id; a header whose value is
@@ -134,10 +138,11 @@ type Envoy struct {
 	mu        sync.Mutex
 	buckets   map[string]*bucket
 	started   bool // the first bucket started the stream and the timer
-	server    int  // index in cfg.Servers of the server the stream is on
+	targets   []target
+	server    int // index in targets of the server the stream is on
 	stream    grpc.BidiStreamingClient[rlqspb.RateLimitQuotaUsageReports, rlqspb.RateLimitQuotaResponse]
-	cancel    context.CancelFunc // ends stream
-	conns     map[string]*grpc.ClientConn
+	cancel    context.CancelFunc           // ends stream
+	conns     []*grpc.ClientConn           // dialled for Servers, closed by Close
 	stats     map[string]map[int64]*Counts // bucket key -> window index -> counts
 	unmatched int64
 	reports   Reports
@@ -146,6 +151,12 @@ type Envoy struct {
 	closed    bool
 	stop      chan struct{}
 	done      sync.WaitGroup
+}
+
+// A target is one RLQS server the Envoy may open its stream to.
+type target struct {
+	name   string
+	client rlqspb.RateLimitQuotaServiceClient
 }
 
 // Reports counts what the Envoy sent and lost.
@@ -162,8 +173,11 @@ func New(cfg Config) (*Envoy, error) {
 	if cfg.Domain == "" {
 		return nil, errors.New("envoyrlqs: Config.Domain is empty; Envoy requires a domain")
 	}
-	if len(cfg.Servers) == 0 {
-		return nil, errors.New("envoyrlqs: Config.Servers is empty; give at least one RLQS address")
+	if len(cfg.Servers) == 0 && len(cfg.Clients) == 0 {
+		return nil, errors.New("envoyrlqs: Config.Servers and Config.Clients are empty; give at least one RLQS address or client")
+	}
+	if len(cfg.Servers) > 0 && len(cfg.Clients) > 0 {
+		return nil, errors.New("envoyrlqs: both Config.Servers and Config.Clients are set; give one of them")
 	}
 	if len(cfg.BucketID) == 0 {
 		return nil, errors.New("envoyrlqs: Config.BucketID is empty; Envoy ignores responses for an empty bucket id")
@@ -184,9 +198,22 @@ func New(cfg Config) (*Envoy, error) {
 	e := &Envoy{
 		cfg: cfg, clock: clock, epoch: clock.Now(),
 		buckets: map[string]*bucket{},
-		conns:   map[string]*grpc.ClientConn{},
 		stats:   map[string]map[int64]*Counts{},
 		stop:    make(chan struct{}),
+	}
+	for i, c := range cfg.Clients {
+		e.targets = append(e.targets, target{fmt.Sprintf("client %d", i), c})
+	}
+	for _, addr := range cfg.Servers {
+		// grpc.NewClient connects lazily: a server that is down fails the
+		// stream's opening, not this.
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			e.closeConns()
+			return nil, fmt.Errorf("envoyrlqs: Config.Servers: %q: %w", addr, err)
+		}
+		e.conns = append(e.conns, cc)
+		e.targets = append(e.targets, target{addr, rlqspb.NewRateLimitQuotaServiceClient(cc)})
 	}
 	e.changed = sync.NewCond(&e.mu)
 	return e, nil
@@ -411,18 +438,9 @@ func (e *Envoy) Report() {
 // openLocked opens a stream to the first server, from index from on (round
 // the list), that accepts one.
 func (e *Envoy) openLocked(from int) bool {
-	for i := range e.cfg.Servers {
-		idx := (from + i) % len(e.cfg.Servers)
-		addr := e.cfg.Servers[idx]
-		cc := e.conns[addr]
-		if cc == nil {
-			var err error
-			cc, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				continue
-			}
-			e.conns[addr] = cc
-		}
+	for i := range e.targets {
+		idx := (from + i) % len(e.targets)
+		client := e.targets[idx].client
 		ctx, cancel := context.WithCancel(context.Background())
 		// Fail fast (gRPC's default): a server that does not answer makes
 		// NewStream fail once the connection attempt does; the timer bounds
@@ -431,7 +449,7 @@ func (e *Envoy) openLocked(from int) bool {
 		var s grpc.BidiStreamingClient[rlqspb.RateLimitQuotaUsageReports, rlqspb.RateLimitQuotaResponse]
 		go func() {
 			var err error
-			s, err = rlqspb.NewRateLimitQuotaServiceClient(cc).StreamRateLimitQuotas(ctx)
+			s, err = client.StreamRateLimitQuotas(ctx)
 			opened <- err
 		}()
 		var err error
@@ -586,14 +604,15 @@ func (e *Envoy) Responses() int {
 	return e.responses
 }
 
-// Server returns the address the stream is open to, or "" when none is.
+// Server returns the address the stream is open to (with Config.Clients,
+// "client N"), or "" when none is.
 func (e *Envoy) Server() string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.stream == nil {
 		return ""
 	}
-	return e.cfg.Servers[e.server]
+	return e.targets[e.server].name
 }
 
 // ReportCounts returns what the Envoy has sent and lost.
@@ -676,10 +695,14 @@ func (e *Envoy) Close() {
 	if e.stream != nil {
 		e.cancel()
 	}
-	conns := slices.Collect(maps.Values(e.conns))
 	e.mu.Unlock()
 	e.done.Wait()
-	for _, cc := range conns {
+	e.closeConns()
+}
+
+// closeConns closes the connections dialled for Config.Servers.
+func (e *Envoy) closeConns() {
+	for _, cc := range e.conns {
 		cc.Close()
 	}
 }

@@ -10,6 +10,7 @@ import (
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -511,5 +512,28 @@ func TestBlanketThenTokenBucket(t *testing.T) {
 	s.respond(t, e, r)
 	if a := admitted(e, "a", 10); a != 6 {
 		t.Fatalf("admitted %d after DENY_ALL then a token bucket of 6 in one response, want 6 (full)", a)
+	}
+}
+
+func TestClients(t *testing.T) {
+	t.Parallel()
+	f := startFake(t)
+	cc, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	client := rlqspb.NewRateLimitQuotaServiceClient(cc)
+	if _, err := New(Config{Domain: "d", BucketID: map[string]Value{"t": {String: "x"}}, Servers: []string{f.addr}, Clients: []rlqspb.RateLimitQuotaServiceClient{client}}); err == nil {
+		t.Fatal("New(Servers and Clients) = nil error, want one naming both")
+	}
+	e, _ := newEnvoy(t, Config{Clients: []rlqspb.RateLimitQuotaServiceClient{client}})
+	e.Request(req("a"))
+	s := f.nextStream(t)
+	if u := s.nextReport(t).GetBucketQuotaUsages(); len(u) != 1 || u[0].GetNumRequestsAllowed() != 1 {
+		t.Fatalf("first report on a client's stream = %v, want 1 allowed", u)
+	}
+	if got := e.Server(); got != "client 0" {
+		t.Fatalf("Server() = %q, want %q", got, "client 0")
 	}
 }

@@ -742,6 +742,7 @@ func (d *decoder) rules(n *yaml.Node, path string, p *Policy) {
 	}
 	first := make(map[string]int, len(n.Content))
 	replaces := map[*Rule][]*yaml.Node{}
+	at := map[*Rule]int{} // each rule's index in n.Content
 	for i, rn := range n.Content {
 		rp := fmt.Sprintf("%s[%d]", path, i)
 		r, nameNode := d.rule(rn, rp, p.ShardBy, replaces)
@@ -751,6 +752,7 @@ func (d *decoder) rules(n *yaml.Node, path string, p *Policy) {
 			}
 			continue
 		}
+		at[r] = i
 		if r.Name != "" {
 			if j, ok := first[r.Name]; ok {
 				d.addf(nameNode, rp+".name", "%s is used by %s[%d]; rule names must be unique", quote(r.Name), path, j)
@@ -761,6 +763,32 @@ func (d *decoder) rules(n *yaml.Node, path string, p *Policy) {
 		p.Rules = append(p.Rules, r)
 	}
 	d.replacements(p.Rules, path, replaces)
+	d.rlqsMeetings(p.Rules, path, n, at)
+}
+
+// rlqsMeetings checks the limits of every two rlqs rules that can match one bucket
+// as the limits of one rule are checked (periodConflict): the service shares such a
+// bucket's limits together. Two rules can match one bucket unless they are exclusive
+// (a conservative test: prefixes, patterns and negations are taken to meet).
+func (d *decoder) rlqsMeetings(rules []*Rule, path string, n *yaml.Node, at map[*Rule]int) {
+	for j, b := range rules {
+		if b.RLQS == nil {
+			continue
+		}
+		for _, a := range rules[:j] {
+			if a.RLQS == nil || exclusive(a, b) {
+				continue
+			}
+			for k, lb := range b.Limits {
+				for _, la := range a.Limits {
+					if why := periodConflict(la.Limit, lb.Limit); why != "" {
+						d.addf(n.Content[at[b]], fmt.Sprintf("%s[%d].limits[%d].rate", path, at[b], k),
+							"rules %s and %s can both match one bucket: %s; or make their matches exclusive (one attribute matched with exact values that differ)", quote(a.Name), quote(b.Name), why)
+					}
+				}
+			}
+		}
+	}
 }
 
 // replacements checks that every rule a rule replaces exists and is not the rule

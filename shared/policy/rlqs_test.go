@@ -44,19 +44,62 @@ func TestRLQS(t *testing.T) {
 		{"shadow", "rlqs: {}, shadow: true, limits: [{algorithm: fixed_window, rate: 50/10s}]", "rules[0].rlqs", "remove rlqs, or shadow"},
 		{"settle", "rlqs: {}, settle: true, limits: [{algorithm: fixed_window, rate: 50/10s}]", "rules[0].rlqs", "remove rlqs, or settle"},
 		{"unlimited", "rlqs: {}, unlimited: true", "rules[0].rlqs", "remove rlqs, or unlimited"},
+		{"periods not multiples", "rlqs: {}, limits: [{algorithm: fixed_window, rate: 100/4s}, {algorithm: fixed_window, rate: 130/6s}]", "rules[0].limits[1].rate", `rule "r": limits[0] and limits[1]: rlqs shares the limits one bucket reaches in the windows of the shortest, so each longer period must be a multiple of it (100/4s and 130/6s are not); make 6s a multiple of 4s`},
+		{"shorter window with the larger count", "rlqs: {}, limits: [{algorithm: fixed_window, rate: 100/10s}, {algorithm: fixed_window, rate: 1000/2s}]", "rules[0].limits[1].rate", "100/10s admits at most 100 in any 2s, so 1000/2s never denies; rlqs needs the shorter window to have the smaller count: remove 1000/2s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := policy.Parse([]byte("domain: fleet\nrules:\n  - {name: r, " + tc.rule + "}\n"))
-			ve, ok := errors.AsType[*policy.ValidationError](err)
-			if !ok {
-				t.Fatalf("Parse() = %v, want a ValidationError", err)
-			}
-			for _, pr := range ve.Problems {
-				if pr.Path == tc.path && strings.Contains(pr.Msg, tc.want) {
-					return
-				}
-			}
-			t.Errorf("Parse() = %v, want a problem at %s saying %q", err, tc.path, tc.want)
+			wantProblem(t, err, tc.path, tc.want)
 		})
 	}
+}
+
+// TestRLQSPeriods checks the periods of the rlqs limits one bucket can reach, in
+// one rule or in two: each longer period a multiple of the shorter, with a larger
+// count; rules that cannot match one bucket are not compared.
+func TestRLQSPeriods(t *testing.T) {
+	t.Parallel()
+	rule := func(name, match, rate string) string {
+		return "  - {name: " + name + ", match: " + match + ", rlqs: {}, limits: [{algorithm: fixed_window, rate: " + rate + "}]}\n"
+	}
+	for _, tc := range []struct {
+		name, rules, path, want string // want "": no problem
+	}{
+		{"one rule, multiples", "  - {name: r, rlqs: {}, limits: [{algorithm: fixed_window, rate: 100/2s}, {algorithm: fixed_window, rate: 1000/60s}]}\n", "", ""},
+		{"two rules, multiples", rule("a", "{tenant: '*'}", "100/2s") + rule("b", "{tenant: '*'}", "1000/60s"), "", ""},
+		{"two rules, not multiples", rule("a", "{tenant: '*'}", "100/4s") + rule("b", "{tenant: acme}", "130/6s"), "rules[1].limits[0].rate",
+			`rules "a" and "b" can both match one bucket: rlqs shares the limits one bucket reaches in the windows of the shortest, so each longer period must be a multiple of it (100/4s and 130/6s are not); make 6s a multiple of 4s; or make their matches exclusive`},
+		{"two rules, shorter window with the larger count", rule("a", "{}", "1000/2s") + rule("b", "{tenant: '*'}", "100/10s"), "rules[1].limits[0].rate", "so 1000/2s never denies"},
+		{"two rules, exclusive", rule("a", "{tenant: [acme, initech]}", "100/4s") + rule("b", "{tenant: globex}", "130/6s"), "", ""},
+		{"two rules, one replaces the other", rule("a", "{tenant: '*'}", "100/4s") + "  - {name: b, match: {tenant: acme}, replaces: [a], rlqs: {}, limits: [{algorithm: fixed_window, rate: 130/6s}]}\n", "", ""},
+		{"two rules, prefixes taken to meet", rule("a", "{tenant: 'a*'}", "100/4s") + rule("b", "{tenant: 'b*'}", "130/6s"), "rules[1].limits[0].rate", "make 6s a multiple of 4s"},
+		{"a rule without rlqs", rule("a", "{tenant: '*'}", "100/4s") + "  - {name: b, limits: [{algorithm: fixed_window, rate: 130/6s}]}\n", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := policy.Parse([]byte("domain: fleet\nrules:\n" + tc.rules))
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Parse() = %v, want no error", err)
+				}
+				return
+			}
+			wantProblem(t, err, tc.path, tc.want)
+		})
+	}
+}
+
+// wantProblem fails t unless err is a ValidationError with a problem at path whose
+// message holds want.
+func wantProblem(t *testing.T, err error, path, want string) {
+	t.Helper()
+	ve, ok := errors.AsType[*policy.ValidationError](err)
+	if !ok {
+		t.Fatalf("Parse() = %v, want a ValidationError", err)
+	}
+	for _, pr := range ve.Problems {
+		if pr.Path == path && strings.Contains(pr.Msg, want) {
+			return
+		}
+	}
+	t.Errorf("Parse() = %v, want a problem at %s saying %q", err, path, want)
 }
