@@ -1,10 +1,13 @@
 package rlqs_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,36 +90,60 @@ func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64
 	return 0
 }
 
-// TestHugeBucketID sends a bucket id of 1 MiB: the stream ends with
-// INVALID_ARGUMENT naming the bound.
-func TestHugeBucketID(t *testing.T) {
-	c, _ := serveWithMetrics(t, "redis://"+redistest.StartServer(t).Addr, rlqs.Limits{})
+// TestBadBucketIDs sends reports whose buckets include refused ids (1 MiB, 100
+// entries, empty, an entry over a request attribute's bound) beside good ones: the
+// refused buckets' usage is dropped and counted, the good buckets of the same report
+// get their assignments, the stream stays open, and the warning is logged once.
+func TestBadBucketIDs(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	var logs lockedBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	c, _ := serveConfig(t, rlqs.Config{Engine: newEngine(t, "redis://"+redistest.StartServer(t).Addr, false, testPolicy), Registerer: reg, Logger: log})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, tc := range []struct {
-		name string
-		u    *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage
-		want string
-	}{
-		{"1 MiB value", usage(1, 0, 0, "tenant", strings.Repeat("x", 1<<20)), "over 4096 bytes"},
-		{"100 entries", func() *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage {
-			kv := []string{}
-			for i := range 100 {
-				kv = append(kv, "k"+strconv.Itoa(i), "v")
-			}
-			return usage(1, 0, 0, kv...)
-		}(), "at most 32"},
-		{"empty", usage(1, 0, 0), "bucket_id.bucket is empty"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			e := openEnvoy(t, ctx, c)
-			e.send(tc.u)
-			<-e.done
-			if st := status.Convert(e.err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), tc.want) {
-				t.Errorf("stream ended with %v, want INVALID_ARGUMENT saying %q", e.err, tc.want)
-			}
-		})
+	hundred := []string{}
+	for i := range 100 {
+		hundred = append(hundred, "k"+strconv.Itoa(i), "v")
 	}
+	bad := []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+		usage(1, 0, 0, "tenant", strings.Repeat("x", 1<<20)), // over 4096 bytes
+		usage(1, 0, 0, hundred...),                           // over 32 entries
+		usage(1, 0, 0),                                       // empty
+		usage(1, 0, 0, "tenant", strings.Repeat("y", 2000)),  // over an attribute's 1,024 bytes
+	}
+	e := openEnvoy(t, ctx, c)
+	for i, good := range []string{"ok1", "ok2"} {
+		n := e.count()
+		e.send(append(bad, usage(1, 0, 0, "tenant", good))...)
+		e.waitFor(n + 2) // the good bucket's blanket rule and grant
+		e.mu.Lock()
+		got := append([]received(nil), e.actions[n:]...)
+		e.mu.Unlock()
+		for _, r := range got {
+			if b := r.action.GetBucketId().GetBucket(); len(b) != 1 || b["tenant"] != good {
+				t.Errorf("action for bucket %.80v, want only %q's", b, good)
+			}
+		}
+		if g := grantOf(e.last().action); g < 1 {
+			t.Errorf("grant of %q = %d, want at least 1", good, g)
+		}
+		if got, want := counter(t, reg, "tollgate_rlqs_dropped_total", "bucket_id"), float64(len(bad)*(i+1)); got != want {
+			t.Errorf("dropped bucket ids = %v, want %v", got, want)
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // room for a wrong end of the stream
+	if err := e.failed(); err != nil {
+		t.Errorf("stream ended: %v", err)
+	}
+	if n := strings.Count(logs.String(), "bucket_id refused"); n != 1 {
+		t.Errorf("warnings about refused bucket ids = %d, want 1 per stream:\n%s", n, logs.String())
+	}
+	for _, want := range []string{"over 4096 bytes", "bucket_id_builder"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("warning %q does not say %q", logs.String(), want)
+		}
+	}
+
 	t.Run("over the message size", func(t *testing.T) {
 		e := openEnvoy(t, ctx, c)
 		e.send(usage(1, 0, 0, "tenant", strings.Repeat("x", rlqs.MaxMessageBytes)))
@@ -125,6 +152,34 @@ func TestHugeBucketID(t *testing.T) {
 			t.Errorf("stream ended with %v, want RESOURCE_EXHAUSTED", e.err)
 		}
 	})
+	t.Run("wrong domain", func(t *testing.T) {
+		e := openEnvoy(t, ctx, c)
+		if err := e.st.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "other", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(1, 0, 0, "tenant", "a")}}); err != nil {
+			t.Fatal(err)
+		}
+		<-e.done
+		if st := status.Convert(e.err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), `"fleet"`) {
+			t.Errorf("stream ended with %v, want INVALID_ARGUMENT naming the domain", e.err)
+		}
+	})
+}
+
+// lockedBuffer is a bytes.Buffer safe for simultaneous use, for a logger.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // TestReportFlood sends 20,000 reports as fast as the stream takes them: those past

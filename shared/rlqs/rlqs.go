@@ -284,10 +284,11 @@ type stream struct {
 	sent   map[*ledger]uint32 // the newest assignment number sent per bucket
 
 	// Owned by the receiving goroutine.
-	domain  string
-	buckets map[string]*ledger
-	tokens  float64 // bucket usages the stream may still send now
-	last    time.Time
+	domain   string
+	buckets  map[string]*ledger
+	warnedID bool    // a refused bucket id has been logged (dropID)
+	tokens   float64 // bucket usages the stream may still send now
+	last     time.Time
 }
 
 // admit reports whether a report of n bucket usages is within the stream's rate.
@@ -307,6 +308,9 @@ func (st *stream) report(ctx context.Context, r *rlqspb.RateLimitQuotaUsageRepor
 	s := st.s
 	pol := s.eng.Policy()
 	if r.GetDomain() != pol.Domain {
+		// Unlike a refused bucket id, a wrong domain refuses every bucket of every
+		// report: the filter's configuration is wrong, and the stream's status says
+		// so where Envoy logs it.
 		return status.Errorf(codes.InvalidArgument, "rlqs: domain %q: this service decides domain %q; set the filter's domain to it", clip(r.GetDomain()), pol.Domain)
 	}
 	if st.domain == "" {
@@ -326,11 +330,7 @@ func (st *stream) report(ctx context.Context, r *rlqspb.RateLimitQuotaUsageRepor
 	}
 	var out []decision
 	for _, u := range usages {
-		d, err := st.usage(ctx, u, now)
-		if err != nil {
-			return err
-		}
-		if d.action != nil {
+		if d := st.usage(ctx, u, now); d.action != nil {
 			out = append(out, d)
 		}
 	}
@@ -340,12 +340,15 @@ func (st *stream) report(ctx context.Context, r *rlqspb.RateLimitQuotaUsageRepor
 	return nil
 }
 
-// usage applies one bucket's usage and returns the action to send for it, or nil.
-func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage, now time.Time) (decision, error) {
+// usage applies one bucket's usage and returns the action to send for it, or none.
+// The usage of a bucket whose id the service refuses is dropped (see dropID): the
+// rest of the report and the stream go on.
+func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage, now time.Time) decision {
 	s := st.s
 	attrs, key, err := bucketKey(u.GetBucketId())
 	if err != nil {
-		return decision{}, status.Errorf(codes.InvalidArgument, "rlqs: %v", err)
+		st.dropID(err)
+		return decision{}
 	}
 	// time_elapsed is whole seconds, 0 on a bucket's first report: Envoy's own
 	// reports fail the proto's gt 0s rule, so reports are not validated by it.
@@ -357,7 +360,12 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 		pol := s.eng.Policy()
 		p, err := s.eng.Plan(engine.Request{Domain: st.domain, Attributes: attrs})
 		if err != nil {
-			return decision{}, status.Errorf(codes.InvalidArgument, "rlqs: bucket_id: %v", err)
+			// The new policy refuses the bucket: it leaves its share as when the
+			// policy moves it to other limits, and its usage is dropped.
+			l.sh.leave(ctx, l, now, false)
+			st.forget(l)
+			st.dropID(err)
+			return decision{}
 		}
 		if sh := s.shareFor(p); sh == l.sh {
 			l.sh.mu.Lock()
@@ -374,18 +382,19 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 	if l == nil {
 		if len(st.buckets) >= s.limits.MaxStreamBuckets || !s.addBucket() {
 			s.metrics.dropped.WithLabelValues("buckets").Inc()
-			return decision{}, nil
+			return decision{}
 		}
 		pol := s.eng.Policy()
 		p, err := s.eng.Plan(engine.Request{Domain: st.domain, Attributes: attrs})
 		if err != nil {
 			s.dropBucket()
-			return decision{}, status.Errorf(codes.InvalidArgument, "rlqs: bucket_id: %v", err)
+			st.dropID(err)
+			return decision{}
 		}
 		sh := s.shareFor(p)
 		if sh == nil {
 			s.dropBucket()
-			return decision{action: blanket(u.GetBucketId(), typev3.RateLimitStrategy_ALLOW_ALL, unmatchedTTL)}, nil
+			return decision{action: blanket(u.GetBucketId(), typev3.RateLimitStrategy_ALLOW_ALL, unmatchedTTL)}
 		}
 		l = &ledger{st: st, sh: sh, id: u.GetBucketId(), key: key, pol: pol}
 		sh.mu.Lock()
@@ -403,9 +412,24 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 		return decision{action: &rlqspb.RateLimitQuotaResponse_BucketAction{
 			BucketId:     l.id,
 			BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction{}},
-		}}, nil
+		}}
 	}
-	return d, nil
+	return d
+}
+
+// dropID drops the usage of a bucket whose id the service refuses (past a bound of
+// bucket.go, or refused by the engine as a request's attributes would be): it is
+// counted, and logged once per stream, since every report repeats it. No action
+// answers it, so Envoy applies its no_assignment_behavior to the bucket. A refused
+// id is the filter's bucket_id_builder's doing, not the stream's: ending the stream
+// would cost every other bucket its assignments, again at every report.
+func (st *stream) dropID(err error) {
+	st.s.metrics.dropped.WithLabelValues("bucket_id").Inc()
+	if !st.warnedID {
+		st.warnedID = true
+		st.s.log.Warn("rlqs: a bucket's usage is dropped, its bucket_id refused; Envoy applies its no_assignment_behavior to that bucket. "+
+			"Make the filter's bucket_id_builder build ids within the bounds (logged once per stream; tollgate_rlqs_dropped_total{reason=\"bucket_id\"} counts every one)", "err", err)
+	}
 }
 
 // forget drops ledger l from the stream, which has left its share.
