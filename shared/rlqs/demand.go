@@ -27,6 +27,8 @@ const (
 	demandCount = algo.MaxCount
 	// milli scales a demand in requests per second to the counter's units.
 	milli = 1000
+	// demandSuffix makes the counter's key of a quota's first key.
+	demandSuffix = ":rlqs-demand"
 )
 
 // demandRule names the counter's limit in the engine's results.
@@ -51,7 +53,7 @@ func newBoard(key string, interval time.Duration) *board {
 	return &board{
 		period: period,
 		plan: engine.Plan{Items: []engine.Item{{
-			Key:    key + ":rlqs-demand",
+			Key:    key + demandSuffix,
 			Meter:  algo.Meter{Limits: []algo.Limit{{Algorithm: algo.FixedWindow, Count: demandCount, Period: period}}},
 			Rule:   demandRule,
 			Groups: 1,

@@ -3,6 +3,7 @@ package rlqs_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"runtime"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -229,4 +231,125 @@ func TestTooManyStreams(t *testing.T) {
 	if err := a.failed(); err != nil {
 		t.Errorf("a stream within the bound ended: %v", err)
 	}
+}
+
+// heldStream is a stream in process that the test feeds one report at a time, held
+// open until in is closed; it keeps none of the actions sent, so that the heap
+// holds only what the service keeps.
+type heldStream struct {
+	grpc.ServerStream
+	ctx context.Context
+	in  chan *rlqspb.RateLimitQuotaUsageReports
+}
+
+func (h *heldStream) Context() context.Context { return h.ctx }
+
+func (h *heldStream) Recv() (*rlqspb.RateLimitQuotaUsageReports, error) {
+	select {
+	case r, ok := <-h.in:
+		if !ok {
+			return nil, io.EOF
+		}
+		return r, nil
+	case <-h.ctx.Done():
+		return nil, h.ctx.Err()
+	}
+}
+
+func (h *heldStream) Send(*rlqspb.RateLimitQuotaResponse) error { return nil }
+
+// gauge returns the value of the named gauge of reg.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no gauge %s", name)
+	return 0
+}
+
+// TestBucketBytes fills the byte budget of the buckets (Limits.MaxBucketBytes) on
+// one stream, with small ids each on a quota of its own, small ids on one quota,
+// and ids of 4 KiB each on a quota of its own: buckets past the budget are dropped
+// and counted, and the heap the kept ones hold stays within the budget (which
+// measures the overheads each bucket and quota is charged). Once the stream ends,
+// another keeps as many.
+func TestBucketBytes(t *testing.T) {
+	url := "redis://" + redistest.StartServer(t).Addr
+	pad := func(s string, n int) string { return s + strings.Repeat("x", n-len(s)) }
+	for _, tc := range []struct {
+		name   string
+		budget int64
+		n      int // buckets sent, well past the budget
+		id     func(i int) []string
+	}{
+		{"a quota each, small ids", 4 << 20, 4000, func(i int) []string { return []string{"tenant", "t" + strconv.Itoa(i)} }},
+		{"one quota, small ids", 4 << 20, 8000, func(i int) []string { return []string{"tenant", "one", "path", "/" + strconv.Itoa(i)} }},
+		{"a quota each, 4 KiB ids", 16 << 20, 3000, func(i int) []string {
+			return []string{"tenant", pad("t"+strconv.Itoa(i), 1000), "a", pad("", 1000), "b", pad("", 1000), "c", pad("", 1000)}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			srv, err := rlqs.New(rlqs.Config{Engine: newEngine(t, url, false, testPolicy), Registerer: reg, Limits: rlqs.Limits{
+				MaxStreamBuckets: 100000, MaxBuckets: 100000, MaxReportRate: 1 << 30, MaxBucketBytes: tc.budget,
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+			defer cancel()
+			before := heap()
+			kept, dropped, held := fillStream(t, ctx, srv, reg, tc.n, tc.id)
+			grew := int64(held) - int64(before)
+			t.Logf("budget %d KiB: kept %v buckets, dropped %v; the heap grew %d KiB (%.0f%% of the budget, %d bytes a bucket kept)",
+				tc.budget>>10, kept, dropped, grew>>10, 100*float64(grew)/float64(tc.budget), grew/int64(kept))
+			if grew > tc.budget+tc.budget/8 {
+				t.Errorf("the heap grew %d bytes for a budget of %d, want at most an eighth more", grew, tc.budget)
+			}
+			if again, _, _ := fillStream(t, ctx, srv, reg, tc.n, tc.id); again < kept {
+				t.Errorf("a stream after the first ended kept %v buckets, want at least the first's %v (the budget given back)", again, kept)
+			}
+		})
+	}
+}
+
+// fillStream sends n buckets (ids of id) on a new stream of srv, 200 a report, and
+// returns how many the service kept and dropped past its byte budget, and the live
+// heap while the stream held them; then it ends the stream.
+func fillStream(t *testing.T, ctx context.Context, srv *rlqs.Server, reg *prometheus.Registry, n int, id func(i int) []string) (kept, dropped float64, held uint64) {
+	t.Helper()
+	h := &heldStream{ctx: ctx, in: make(chan *rlqspb.RateLimitQuotaUsageReports)}
+	ended := make(chan error, 1)
+	go func() { ended <- srv.StreamRateLimitQuotas(h) }()
+	droppedBefore := counter(t, reg, "tollgate_rlqs_dropped_total", "bytes")
+	for i := 0; i < n; i += 200 {
+		r := &rlqspb.RateLimitQuotaUsageReports{Domain: "fleet"}
+		for j := i; j < min(i+200, n); j++ {
+			r.BucketQuotaUsages = append(r.BucketQuotaUsages, usage(1, 0, 0, id(j)...))
+		}
+		h.in <- r
+	}
+	waitUntil(t, "every bucket kept or dropped", func() bool {
+		return gauge(t, reg, "tollgate_rlqs_buckets")+counter(t, reg, "tollgate_rlqs_dropped_total", "bytes")-droppedBefore == float64(n)
+	})
+	kept, dropped = gauge(t, reg, "tollgate_rlqs_buckets"), counter(t, reg, "tollgate_rlqs_dropped_total", "bytes")-droppedBefore
+	if kept == 0 || dropped == 0 {
+		t.Fatalf("kept %v and dropped %v of %d buckets, want both some", kept, dropped, n)
+	}
+	held = heap()
+	close(h.in)
+	if err := <-ended; err != nil {
+		t.Errorf("stream ended with %v, want a clean end", err)
+	}
+	if got := gauge(t, reg, "tollgate_rlqs_buckets"); got != 0 {
+		t.Errorf("buckets after the stream ended = %v, want 0", got)
+	}
+	return kept, dropped, held
 }

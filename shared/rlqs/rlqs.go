@@ -38,6 +38,7 @@ const (
 	DefaultMaxStreamBuckets = 1000
 	DefaultMaxBuckets       = 100000
 	DefaultMaxReportRate    = 2000
+	DefaultMaxBucketBytes   = 64 << 20
 	// MaxMessageBytes is the largest report a server built with ServerOptions
 	// receives (gRPC's default, stated): a report of every bucket of a stream at
 	// their largest fits.
@@ -73,6 +74,12 @@ type Limits struct {
 	// every 5s, and once more each as it is created). Reports past it are dropped
 	// and counted.
 	MaxReportRate int
+	// MaxBucketBytes bounds the memory the buckets of all streams together hold
+	// (default 64 MiB): each bucket is charged its key (its id's keys and values,
+	// kept once) and bucketOverhead, each quota the buckets reach its store keys
+	// (kept three times) and shareOverhead. A new bucket past it is dropped like
+	// one past MaxBuckets, and counted apart.
+	MaxBucketBytes int64
 }
 
 func (l Limits) withDefaults() Limits {
@@ -87,6 +94,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxReportRate <= 0 {
 		l.MaxReportRate = DefaultMaxReportRate
+	}
+	if l.MaxBucketBytes <= 0 {
+		l.MaxBucketBytes = DefaultMaxBucketBytes
 	}
 	return l
 }
@@ -118,8 +128,9 @@ type Server struct {
 
 	mu      sync.Mutex
 	shares  map[string]*share
-	buckets int // buckets of every stream
-	streams int // streams open
+	buckets int   // buckets of every stream
+	bytes   int64 // what the buckets and shares are charged (Limits.MaxBucketBytes)
+	streams int   // streams open
 
 	done chan struct{} // closed by Shutdown
 	stop sync.Once
@@ -179,6 +190,7 @@ func (s *Server) sweep(ctx context.Context, now time.Time) {
 		sh.mu.Unlock()
 		if gone {
 			delete(s.shares, k)
+			s.bytes -= sh.cost
 			continue
 		}
 		list = append(list, sh)
@@ -345,7 +357,7 @@ func (st *stream) report(ctx context.Context, r *rlqspb.RateLimitQuotaUsageRepor
 // rest of the report and the stream go on.
 func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage, now time.Time) decision {
 	s := st.s
-	attrs, key, err := bucketKey(u.GetBucketId())
+	id, key, err := bucketKey(u.GetBucketId())
 	if err != nil {
 		st.dropID(err)
 		return decision{}
@@ -358,7 +370,7 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 	if l != nil && l.pol != s.eng.Policy() {
 		// The policy changed: the bucket may reach other limits now.
 		pol := s.eng.Policy()
-		p, err := s.eng.Plan(engine.Request{Domain: st.domain, Attributes: attrs})
+		p, err := s.eng.Plan(engine.Request{Domain: st.domain, Attributes: l.id.GetBucket()})
 		if err != nil {
 			// The new policy refuses the bucket: it leaves its share as when the
 			// policy moves it to other limits, and its usage is dropped.
@@ -367,7 +379,7 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 			st.dropID(err)
 			return decision{}
 		}
-		if sh := s.shareFor(p); sh == l.sh {
+		if sh, ok := s.shareFor(p); ok && sh == l.sh {
 			l.sh.mu.Lock()
 			l.pol, l.reshape = pol, true
 			l.sh.mu.Unlock()
@@ -380,23 +392,33 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 		}
 	}
 	if l == nil {
-		if len(st.buckets) >= s.limits.MaxStreamBuckets || !s.addBucket() {
+		cost := bucketOverhead + int64(len(key))
+		if len(st.buckets) >= s.limits.MaxStreamBuckets {
 			s.metrics.dropped.WithLabelValues("buckets").Inc()
 			return decision{}
 		}
+		if reason := s.addBucket(cost); reason != "" {
+			s.metrics.dropped.WithLabelValues(reason).Inc()
+			return decision{}
+		}
 		pol := s.eng.Policy()
-		p, err := s.eng.Plan(engine.Request{Domain: st.domain, Attributes: attrs})
+		p, err := s.eng.Plan(engine.Request{Domain: st.domain, Attributes: id.GetBucket()})
 		if err != nil {
-			s.dropBucket()
+			s.dropBucket(cost)
 			st.dropID(err)
 			return decision{}
 		}
-		sh := s.shareFor(p)
+		sh, ok := s.shareFor(p)
+		if !ok {
+			s.dropBucket(cost)
+			s.metrics.dropped.WithLabelValues("bytes").Inc()
+			return decision{}
+		}
 		if sh == nil {
-			s.dropBucket()
+			s.dropBucket(cost)
 			return decision{action: blanket(u.GetBucketId(), typev3.RateLimitStrategy_ALLOW_ALL, unmatchedTTL)}
 		}
-		l = &ledger{st: st, sh: sh, id: u.GetBucketId(), key: key, pol: pol}
+		l = &ledger{st: st, sh: sh, id: id, key: key, pol: pol, cost: cost}
 		sh.mu.Lock()
 		sh.ledgers[l] = struct{}{}
 		sh.mu.Unlock()
@@ -438,29 +460,39 @@ func (st *stream) forget(l *ledger) {
 	delete(st.sent, l)
 	st.sendMu.Unlock()
 	delete(st.buckets, l.key)
-	st.s.dropBucket()
+	st.s.dropBucket(l.cost)
 	st.s.metrics.buckets.Dec()
 }
 
-func (s *Server) addBucket() bool {
+// addBucket counts a new bucket of cost bytes in, or returns the reason it is
+// dropped: the service holds MaxBuckets already (buckets), or cost more would pass
+// MaxBucketBytes (bytes).
+func (s *Server) addBucket(cost int64) (reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.buckets >= s.limits.MaxBuckets {
-		return false
+		return "buckets"
+	}
+	if s.bytes+cost > s.limits.MaxBucketBytes {
+		return "bytes"
 	}
 	s.buckets++
-	return true
+	s.bytes += cost
+	return ""
 }
 
-func (s *Server) dropBucket() {
+// dropBucket counts out a bucket of cost bytes.
+func (s *Server) dropBucket(cost int64) {
 	s.mu.Lock()
 	s.buckets--
+	s.bytes -= cost
 	s.mu.Unlock()
 }
 
 // shareFor returns the share of the rlqs items of plan p, or nil when no rlqs
-// rule matched.
-func (s *Server) shareFor(p engine.Plan) *share {
+// rule matched; ok is false when the share is new and its bytes would pass
+// MaxBucketBytes.
+func (s *Server) shareFor(p engine.Plan) (sh *share, ok bool) {
 	var items []engine.Item
 	var key string
 	for _, it := range p.Items {
@@ -470,14 +502,21 @@ func (s *Server) shareFor(p engine.Plan) *share {
 		}
 	}
 	if len(items) == 0 {
-		return nil
+		return nil, true
 	}
 	p.Items = items
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sh := s.shares[key]
+	sh = s.shares[key]
 	if sh == nil {
-		sh = &share{srv: s, key: key, ledgers: map[*ledger]struct{}{}}
+		// The share keeps its key (the shares' map's, and its own), its plan's keys
+		// and its demand counter's key: the key's bytes three times, and a little.
+		cost := shareOverhead + 3*int64(len(key)+len(demandSuffix))
+		if s.bytes+cost > s.limits.MaxBucketBytes {
+			return nil, false
+		}
+		s.bytes += cost
+		sh = &share{srv: s, key: key, cost: cost, ledgers: map[*ledger]struct{}{}}
 		s.shares[key] = sh
 	}
 	sh.mu.Lock()
@@ -497,7 +536,7 @@ func (s *Server) shareFor(p engine.Plan) *share {
 		sh.board = newBoard(items[0].Key, sh.interval)
 	}
 	sh.failure = s.eng.Policy().Failure
-	return sh
+	return sh, true
 }
 
 // send sends actions to the stream's Envoy, one response. A grant's time to live is
@@ -554,11 +593,14 @@ func (st *stream) close(all bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	now := st.s.clock()
+	var cost int64
 	for _, l := range st.buckets {
 		l.sh.leave(ctx, l, now, all)
+		cost += l.cost
 	}
 	st.s.mu.Lock()
 	st.s.buckets -= len(st.buckets)
+	st.s.bytes -= cost
 	st.s.mu.Unlock()
 	st.s.metrics.buckets.Sub(float64(len(st.buckets)))
 	st.buckets = nil

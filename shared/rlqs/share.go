@@ -39,8 +39,9 @@ import (
 // time to live, adds less than one token), and an assignment expires before its
 // window ends (see ttl).
 type share struct {
-	srv *Server
-	key string
+	srv  *Server
+	key  string
+	cost int64 // bytes charged to Limits.MaxBucketBytes
 
 	mu sync.Mutex
 	// plan holds the rlqs items of the latest report's plan for the share's keys.
@@ -67,11 +68,12 @@ type share struct {
 
 // A ledger is one stream's bucket within a share.
 type ledger struct {
-	st  *stream
-	sh  *share
-	id  *rlqspb.BucketId
-	key string         // the bucket's key within its stream
-	pol *policy.Policy // the policy the bucket was matched with
+	st   *stream
+	sh   *share
+	id   *rlqspb.BucketId // its strings are parts of key (bucketKey)
+	key  string           // the bucket's key within its stream
+	cost int64            // bytes charged to Limits.MaxBucketBytes
+	pol  *policy.Policy   // the policy the bucket was matched with
 	// reshape says the policy changed the limit: the grant in force is replaced
 	// at the next report, smaller if need be.
 	reshape bool
