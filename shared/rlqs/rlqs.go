@@ -532,8 +532,8 @@ func (s *Server) shareFor(p engine.Plan) (sh *share, ok bool) {
 		}
 		sh.interval = max(sh.interval, it.Rule.RLQS.ReportingInterval)
 	}
-	if sh.board == nil || sh.board.period != demandWindows*sh.interval {
-		sh.board = newBoard(items[0].Key, sh.interval)
+	if sh.board == nil || sh.board.period != demandPeriod(sh.interval, sh.period) {
+		sh.board = newBoard(items[0].Key, sh.interval, sh.period)
 	}
 	sh.failure = s.eng.Policy().Failure
 	return sh, true

@@ -273,7 +273,7 @@ func (sh *share) demandOf() float64 {
 // totalDemand is the demand of every Envoy on the share's quota, on every
 // instance: this instance's now, and the others' as the demand counter last said.
 func (sh *share) totalDemand(now time.Time) float64 {
-	return sh.demandOf() + sh.board.others(now, sh.interval)
+	return sh.demandOf() + sh.board.others(now)
 }
 
 // publishDemand adds this instance's demand to the counter every reporting
@@ -282,7 +282,7 @@ func (sh *share) publishDemand(ctx context.Context, now time.Time) {
 	if now.Before(sh.board.next) {
 		return
 	}
-	sh.board.next = now.Add(sh.interval)
+	sh.board.next, sh.board.at = now.Add(sh.interval), now
 	err := sh.board.publish(ctx, sh.srv.eng, sh.demandOf(), now)
 	sh.srv.metrics.storeCall("demand", err)
 	if err != nil && !sh.failing {
@@ -525,8 +525,9 @@ func (sh *share) leave(ctx context.Context, l *ledger, now time.Time, all bool) 
 	}
 	l.charged = 0
 	sh.flush(ctx)
-	if len(sh.ledgers) == 0 && sh.board.published > 0 {
-		// No Envoy here asks any more: take this instance's demand out at once.
+	if int64(l.demand*milli) > 0 && sh.board.published > 0 {
+		// Take the departed Envoy's demand out of this instance's at once, so that
+		// every instance's next window gives its part to the others.
 		sh.board.next = time.Time{}
 		sh.publishDemand(ctx, now)
 	}
@@ -545,6 +546,13 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 	}
 	if now.Before(sh.end.Add(windowGuard)) {
 		return sh.extend(now)
+	}
+	if sh.board.at.Before(sh.end) {
+		// The window's parts follow the fleet's demand as of its start: every
+		// instance publishes its own then (which starts the counter's new window
+		// when it turns), and reads the others'.
+		sh.board.next = time.Time{}
+		sh.publishDemand(ctx, now)
 	}
 	total := sh.totalDemand(now)
 	if sh.demandOf() == 0 {
