@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 	"github.com/tollgate-dev/tollgate/shared/rlqs"
@@ -152,6 +153,27 @@ func TestBadBucketIDs(t *testing.T) {
 		<-e.done
 		if st := status.Convert(e.err); st.Code() != codes.ResourceExhausted {
 			t.Errorf("stream ended with %v, want RESOURCE_EXHAUSTED", e.err)
+		}
+	})
+	t.Run("not UTF-8", func(t *testing.T) {
+		// gRPC decodes a report before the service reads it, and proto3 strings must
+		// be UTF-8: a report with such an id cannot be read at all.
+		good, err := proto.Marshal(&rlqspb.RateLimitQuotaUsageReports{Domain: "fleet", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(1, 0, 0, "tenant", "bad~")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw := bytes.Replace(good, []byte("bad~"), []byte("bad\xff"), 1)
+		st, err := c.StreamRateLimitQuotas(ctx, grpc.ForceCodec(rawCodec{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.SendMsg(raw); err != nil {
+			t.Fatal(err)
+		}
+		_, err = st.Recv()
+		t.Logf("stream ended with %v", err)
+		if got := status.Code(err); got != codes.Internal {
+			t.Errorf("stream ended with %v, want INTERNAL (gRPC cannot decode the report)", err)
 		}
 	})
 	t.Run("wrong domain", func(t *testing.T) {
@@ -353,3 +375,18 @@ func fillStream(t *testing.T, ctx context.Context, srv *rlqs.Server, reg *promet
 	}
 	return kept, dropped, held
 }
+
+// rawCodec sends []byte as they are, to send a message Go's protobuf would not
+// encode, and decodes replies as protobuf.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) {
+	if b, ok := v.([]byte); ok {
+		return b, nil
+	}
+	return proto.Marshal(v.(proto.Message))
+}
+
+func (rawCodec) Unmarshal(data []byte, v any) error { return proto.Unmarshal(data, v.(proto.Message)) }
+
+func (rawCodec) Name() string { return "proto" }
