@@ -283,17 +283,7 @@ func TestBrokenStreamKeepsGrant(t *testing.T) {
 // streams reads the tollgate_rlqs_streams gauge of reg.
 func streams(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "tollgate_rlqs_streams" {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatal("no tollgate_rlqs_streams gauge")
-	return 0
+	return gauge(t, reg, "tollgate_rlqs_streams")
 }
 
 // TestLeaveGivesShare has two Envoys on two instances on one Redis ask alike for
