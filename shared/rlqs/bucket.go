@@ -20,11 +20,23 @@ const (
 	MaxBucketIDBytes = 4096
 )
 
-// bucketKey returns the attributes a bucket id stands for (its map, as it is) and a
-// key that names the id within a stream: its entries sorted, each length-prefixed, so
-// that two ids have the same key only if they are equal. It reports an id past the
-// bounds, or empty, naming the bound.
-func bucketKey(id *rlqspb.BucketId) (map[string]string, string, error) {
+// What a bucket and a quota hold beyond their keys' bytes, charged to
+// Limits.MaxBucketBytes; measured by TestBucketBytes (the heap a full budget
+// grows by stays under the budget).
+const (
+	// bucketOverhead is a bucket's ledger, its id's map, its entries in the
+	// stream's and the share's maps, and the grant it keeps as sent.
+	bucketOverhead = 1280
+	// shareOverhead is a share, its plan, its demand board and its ledgers' map.
+	shareOverhead = 2 << 10
+)
+
+// bucketKey returns a key that names a bucket id within a stream (its entries
+// sorted, each length-prefixed, so that two ids have the same key only if they are
+// equal) and a copy of the id whose keys and values are parts of the key: a bucket
+// kept holds its id's bytes once. The copy's map is the attributes the id stands
+// for. It reports an id past the bounds, or empty, naming the bound.
+func bucketKey(id *rlqspb.BucketId) (*rlqspb.BucketId, string, error) {
 	m := id.GetBucket()
 	switch {
 	case len(m) == 0:
@@ -49,16 +61,24 @@ func bucketKey(id *rlqspb.BucketId) (map[string]string, string, error) {
 	sort.Strings(keys)
 	var b strings.Builder
 	b.Grow(size + 8*len(m))
+	at := make([]int, 0, 2*len(m)) // where each key and value starts in b
 	for _, k := range keys {
 		v := m[k]
 		b.WriteString(strconv.Itoa(len(k)))
 		b.WriteByte(':')
+		at = append(at, b.Len())
 		b.WriteString(k)
 		b.WriteString(strconv.Itoa(len(v)))
 		b.WriteByte(':')
+		at = append(at, b.Len())
 		b.WriteString(v)
 	}
-	return m, b.String(), nil
+	key := b.String()
+	kept := make(map[string]string, len(m))
+	for i, k := range keys {
+		kept[key[at[2*i]:at[2*i]+len(k)]] = key[at[2*i+1] : at[2*i+1]+len(m[k])]
+	}
+	return &rlqspb.BucketId{Bucket: kept}, key, nil
 }
 
 // clip cuts a name to 64 bytes for a message.

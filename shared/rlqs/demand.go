@@ -14,11 +14,16 @@ import (
 // key, and takes back what it added when its demand falls, so the counter holds the
 // sum of every instance's latest demand; its answer to each change is that sum. The
 // counter is an ordinary fixed_window counter, charged and given back through the
-// engine like any other, one call per quota, instance and reporting interval (two
-// when the demand falls or the counter's window turns). Its window is
-// demandWindows reporting intervals: an instance that dies stops counting when the
-// window ends, and each instance adds its whole demand again in each new window,
-// in the meantime the last window's sum stands in for the new one's.
+// engine like any other, one call per quota, instance and reporting interval, and
+// one at each start of the quota's window (two when the demand falls or the
+// counter's window turns). An instance whose bucket leaves takes its demand out at
+// once.
+//
+// The counter's window is demandWindows reporting intervals, or the whole quota's
+// windows they hold (demandPeriod): an instance that dies stops counting when it
+// ends. Each instance adds its whole demand again in each new window, at the
+// quota's window start that begins it; until every instance has (standIn), the last
+// window's sum stands in for the new one's.
 
 const (
 	// demandWindows is the counter's window, in reporting intervals.
@@ -27,6 +32,8 @@ const (
 	demandCount = algo.MaxCount
 	// milli scales a demand in requests per second to the counter's units.
 	milli = 1000
+	// demandSuffix makes the counter's key of a quota's first key.
+	demandSuffix = ":rlqs-demand"
 )
 
 // demandRule names the counter's limit in the engine's results.
@@ -40,18 +47,37 @@ type board struct {
 	published int64 // what this instance added to it in window
 	charged   int64 // the store's time of an addition in window, Unix µs
 	total     int64 // the counter's sum at the last call
-	prevTotal int64 // the sum in the previous window, until interval has passed in this one
+	prevTotal int64 // the sum in the previous window, until standIn has passed in this one
 	rolled    time.Time
+	standIn   time.Duration
 	next      time.Time // when to publish again
+	at        time.Time // when it was last published
 }
 
-// newBoard returns the board of a quota whose first key is key.
-func newBoard(key string, interval time.Duration) *board {
-	period := demandWindows * interval
+// demandPeriod is the counter's window for a quota of windows of period reported
+// every interval: demandWindows intervals, or when a window is shorter, the whole
+// windows they hold, so that the counter's turns fall on the quota's window starts,
+// when every instance publishes.
+func demandPeriod(interval, period time.Duration) time.Duration {
+	if d := demandWindows * interval; period < d {
+		return d / period * period
+	}
+	return demandWindows * interval
+}
+
+// newBoard returns the board of a quota whose first key is key, reported every
+// interval, of windows of window.
+func newBoard(key string, interval, window time.Duration) *board {
+	period := demandPeriod(interval, window)
 	return &board{
 		period: period,
+		// Every instance with buckets on the quota publishes at its window's start,
+		// within a sweep and the instances' clock difference (ttlMargin) of it; a
+		// stand-in shorter than the quota's window leaves the next window's start to
+		// the new sum, which a departure published since has left.
+		standIn: min(interval+interval/2, window/2),
 		plan: engine.Plan{Items: []engine.Item{{
-			Key:    key + ":rlqs-demand",
+			Key:    key + demandSuffix,
 			Meter:  algo.Meter{Limits: []algo.Limit{{Algorithm: algo.FixedWindow, Count: demandCount, Period: period}}},
 			Rule:   demandRule,
 			Groups: 1,
@@ -111,9 +137,9 @@ func (b *board) publish(ctx context.Context, eng *engine.Engine, demand float64,
 
 // others returns the demand of the other instances, in requests per second, as
 // of the last call.
-func (b *board) others(now time.Time, interval time.Duration) float64 {
+func (b *board) others(now time.Time) float64 {
 	total := b.total
-	if !b.rolled.IsZero() && now.Sub(b.rolled) < interval+interval/2 {
+	if !b.rolled.IsZero() && now.Sub(b.rolled) < b.standIn {
 		total = max(total, b.prevTotal)
 	}
 	return float64(max(0, total-b.published)) / milli

@@ -33,7 +33,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "tollgate_rlqs_ungranted_units_total", Help: "Units Envoys reported admitting beyond their grants (their no_assignment or expired behaviour), charged after the fact.",
 		}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tollgate_rlqs_dropped_total", Help: "Reports and buckets dropped at a bound: reports over the rate a stream may send (reason=rate), buckets over a stream's or the service's cap (reason=buckets).",
+			Name: "tollgate_rlqs_dropped_total", Help: "Reports and bucket usages dropped at a bound: reports over the rate a stream may send (reason=rate), buckets over a stream's or the service's cap (reason=buckets) or its byte budget (reason=bytes), buckets whose id is refused (reason=bucket_id).",
 		}, []string{"reason"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_rlqs_streams_rejected_total", Help: "Streams ended with an error status, by gRPC code.",

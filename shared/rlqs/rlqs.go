@@ -38,6 +38,7 @@ const (
 	DefaultMaxStreamBuckets = 1000
 	DefaultMaxBuckets       = 100000
 	DefaultMaxReportRate    = 2000
+	DefaultMaxBucketBytes   = 64 << 20
 	// MaxMessageBytes is the largest report a server built with ServerOptions
 	// receives (gRPC's default, stated): a report of every bucket of a stream at
 	// their largest fits.
@@ -73,6 +74,14 @@ type Limits struct {
 	// every 5s, and once more each as it is created). Reports past it are dropped
 	// and counted.
 	MaxReportRate int
+	// MaxBucketBytes bounds the memory the buckets of all streams together hold
+	// (default 64 MiB): each bucket is charged its id's keys and values (kept
+	// once) and 1,280 bytes, each quota the buckets reach its store keys (kept
+	// three times) and 2 KiB, from the heap measured. A new bucket past it is
+	// dropped like one past MaxBuckets, and counted apart (reason=bytes). 64 MiB
+	// holds about 50,000 buckets of small ids sharing quotas, 19,000 of small ids
+	// on quotas of their own.
+	MaxBucketBytes int64
 }
 
 func (l Limits) withDefaults() Limits {
@@ -87,6 +96,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxReportRate <= 0 {
 		l.MaxReportRate = DefaultMaxReportRate
+	}
+	if l.MaxBucketBytes <= 0 {
+		l.MaxBucketBytes = DefaultMaxBucketBytes
 	}
 	return l
 }
@@ -118,8 +130,9 @@ type Server struct {
 
 	mu      sync.Mutex
 	shares  map[string]*share
-	buckets int // buckets of every stream
-	streams int // streams open
+	buckets int   // buckets of every stream
+	bytes   int64 // what the buckets and shares are charged (Limits.MaxBucketBytes)
+	streams int   // streams open
 
 	done chan struct{} // closed by Shutdown
 	stop sync.Once
@@ -179,6 +192,7 @@ func (s *Server) sweep(ctx context.Context, now time.Time) {
 		sh.mu.Unlock()
 		if gone {
 			delete(s.shares, k)
+			s.bytes -= sh.cost
 			continue
 		}
 		list = append(list, sh)
@@ -284,10 +298,11 @@ type stream struct {
 	sent   map[*ledger]uint32 // the newest assignment number sent per bucket
 
 	// Owned by the receiving goroutine.
-	domain  string
-	buckets map[string]*ledger
-	tokens  float64 // bucket usages the stream may still send now
-	last    time.Time
+	domain   string
+	buckets  map[string]*ledger
+	warnedID bool    // a refused bucket id has been logged (dropID)
+	tokens   float64 // bucket usages the stream may still send now
+	last     time.Time
 }
 
 // admit reports whether a report of n bucket usages is within the stream's rate.
@@ -307,6 +322,9 @@ func (st *stream) report(ctx context.Context, r *rlqspb.RateLimitQuotaUsageRepor
 	s := st.s
 	pol := s.eng.Policy()
 	if r.GetDomain() != pol.Domain {
+		// Unlike a refused bucket id, a wrong domain refuses every bucket of every
+		// report: the filter's configuration is wrong, and the stream's status says
+		// so where Envoy logs it.
 		return status.Errorf(codes.InvalidArgument, "rlqs: domain %q: this service decides domain %q; set the filter's domain to it", clip(r.GetDomain()), pol.Domain)
 	}
 	if st.domain == "" {
@@ -326,11 +344,7 @@ func (st *stream) report(ctx context.Context, r *rlqspb.RateLimitQuotaUsageRepor
 	}
 	var out []decision
 	for _, u := range usages {
-		d, err := st.usage(ctx, u, now)
-		if err != nil {
-			return err
-		}
-		if d.action != nil {
+		if d := st.usage(ctx, u, now); d.action != nil {
 			out = append(out, d)
 		}
 	}
@@ -340,12 +354,15 @@ func (st *stream) report(ctx context.Context, r *rlqspb.RateLimitQuotaUsageRepor
 	return nil
 }
 
-// usage applies one bucket's usage and returns the action to send for it, or nil.
-func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage, now time.Time) (decision, error) {
+// usage applies one bucket's usage and returns the action to send for it, or none.
+// The usage of a bucket whose id the service refuses is dropped (see dropID): the
+// rest of the report and the stream go on.
+func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage, now time.Time) decision {
 	s := st.s
-	attrs, key, err := bucketKey(u.GetBucketId())
+	id, key, err := bucketKey(u.GetBucketId())
 	if err != nil {
-		return decision{}, status.Errorf(codes.InvalidArgument, "rlqs: %v", err)
+		st.dropID(err)
+		return decision{}
 	}
 	// time_elapsed is whole seconds, 0 on a bucket's first report: Envoy's own
 	// reports fail the proto's gt 0s rule, so reports are not validated by it.
@@ -355,11 +372,16 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 	if l != nil && l.pol != s.eng.Policy() {
 		// The policy changed: the bucket may reach other limits now.
 		pol := s.eng.Policy()
-		p, err := s.eng.Plan(engine.Request{Domain: st.domain, Attributes: attrs})
+		p, err := s.eng.Plan(engine.Request{Domain: st.domain, Attributes: l.id.GetBucket()})
 		if err != nil {
-			return decision{}, status.Errorf(codes.InvalidArgument, "rlqs: bucket_id: %v", err)
+			// The new policy refuses the bucket: it leaves its share as when the
+			// policy moves it to other limits, and its usage is dropped.
+			l.sh.leave(ctx, l, now, false)
+			st.forget(l)
+			st.dropID(err)
+			return decision{}
 		}
-		if sh := s.shareFor(p); sh == l.sh {
+		if sh, ok := s.shareFor(p); ok && sh == l.sh {
 			l.sh.mu.Lock()
 			l.pol, l.reshape = pol, true
 			l.sh.mu.Unlock()
@@ -372,22 +394,33 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 		}
 	}
 	if l == nil {
-		if len(st.buckets) >= s.limits.MaxStreamBuckets || !s.addBucket() {
+		cost := bucketOverhead + int64(len(key))
+		if len(st.buckets) >= s.limits.MaxStreamBuckets {
 			s.metrics.dropped.WithLabelValues("buckets").Inc()
-			return decision{}, nil
+			return decision{}
+		}
+		if reason := s.addBucket(cost); reason != "" {
+			s.metrics.dropped.WithLabelValues(reason).Inc()
+			return decision{}
 		}
 		pol := s.eng.Policy()
-		p, err := s.eng.Plan(engine.Request{Domain: st.domain, Attributes: attrs})
+		p, err := s.eng.Plan(engine.Request{Domain: st.domain, Attributes: id.GetBucket()})
 		if err != nil {
-			s.dropBucket()
-			return decision{}, status.Errorf(codes.InvalidArgument, "rlqs: bucket_id: %v", err)
+			s.dropBucket(cost)
+			st.dropID(err)
+			return decision{}
 		}
-		sh := s.shareFor(p)
+		sh, ok := s.shareFor(p)
+		if !ok {
+			s.dropBucket(cost)
+			s.metrics.dropped.WithLabelValues("bytes").Inc()
+			return decision{}
+		}
 		if sh == nil {
-			s.dropBucket()
-			return decision{action: blanket(u.GetBucketId(), typev3.RateLimitStrategy_ALLOW_ALL, unmatchedTTL)}, nil
+			s.dropBucket(cost)
+			return decision{action: blanket(u.GetBucketId(), typev3.RateLimitStrategy_ALLOW_ALL, unmatchedTTL)}
 		}
-		l = &ledger{st: st, sh: sh, id: u.GetBucketId(), key: key, pol: pol}
+		l = &ledger{st: st, sh: sh, id: id, key: key, pol: pol, cost: cost}
 		sh.mu.Lock()
 		sh.ledgers[l] = struct{}{}
 		sh.mu.Unlock()
@@ -403,9 +436,24 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 		return decision{action: &rlqspb.RateLimitQuotaResponse_BucketAction{
 			BucketId:     l.id,
 			BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction{}},
-		}}, nil
+		}}
 	}
-	return d, nil
+	return d
+}
+
+// dropID drops the usage of a bucket whose id the service refuses (past a bound of
+// bucket.go, or refused by the engine as a request's attributes would be): it is
+// counted, and logged once per stream, since every report repeats it. No action
+// answers it, so Envoy applies its no_assignment_behavior to the bucket. A refused
+// id is the filter's bucket_id_builder's doing, not the stream's: ending the stream
+// would cost every other bucket its assignments, again at every report.
+func (st *stream) dropID(err error) {
+	st.s.metrics.dropped.WithLabelValues("bucket_id").Inc()
+	if !st.warnedID {
+		st.warnedID = true
+		st.s.log.Warn("rlqs: a bucket's usage is dropped, its bucket_id refused; Envoy applies its no_assignment_behavior to that bucket. "+
+			"Make the filter's bucket_id_builder build ids within the bounds (logged once per stream; tollgate_rlqs_dropped_total{reason=\"bucket_id\"} counts every one)", "err", err)
+	}
 }
 
 // forget drops ledger l from the stream, which has left its share.
@@ -414,29 +462,39 @@ func (st *stream) forget(l *ledger) {
 	delete(st.sent, l)
 	st.sendMu.Unlock()
 	delete(st.buckets, l.key)
-	st.s.dropBucket()
+	st.s.dropBucket(l.cost)
 	st.s.metrics.buckets.Dec()
 }
 
-func (s *Server) addBucket() bool {
+// addBucket counts a new bucket of cost bytes in, or returns the reason it is
+// dropped: the service holds MaxBuckets already (buckets), or cost more would pass
+// MaxBucketBytes (bytes).
+func (s *Server) addBucket(cost int64) (reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.buckets >= s.limits.MaxBuckets {
-		return false
+		return "buckets"
+	}
+	if s.bytes+cost > s.limits.MaxBucketBytes {
+		return "bytes"
 	}
 	s.buckets++
-	return true
+	s.bytes += cost
+	return ""
 }
 
-func (s *Server) dropBucket() {
+// dropBucket counts out a bucket of cost bytes.
+func (s *Server) dropBucket(cost int64) {
 	s.mu.Lock()
 	s.buckets--
+	s.bytes -= cost
 	s.mu.Unlock()
 }
 
 // shareFor returns the share of the rlqs items of plan p, or nil when no rlqs
-// rule matched.
-func (s *Server) shareFor(p engine.Plan) *share {
+// rule matched; ok is false when the share is new and its bytes would pass
+// MaxBucketBytes.
+func (s *Server) shareFor(p engine.Plan) (sh *share, ok bool) {
 	var items []engine.Item
 	var key string
 	for _, it := range p.Items {
@@ -446,14 +504,21 @@ func (s *Server) shareFor(p engine.Plan) *share {
 		}
 	}
 	if len(items) == 0 {
-		return nil
+		return nil, true
 	}
 	p.Items = items
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sh := s.shares[key]
+	sh = s.shares[key]
 	if sh == nil {
-		sh = &share{srv: s, key: key, ledgers: map[*ledger]struct{}{}}
+		// The share keeps its key (the shares' map's, and its own), its plan's keys
+		// and its demand counter's key: the key's bytes three times, and a little.
+		cost := shareOverhead + 3*int64(len(key)+len(demandSuffix))
+		if s.bytes+cost > s.limits.MaxBucketBytes {
+			return nil, false
+		}
+		s.bytes += cost
+		sh = &share{srv: s, key: key, cost: cost, ledgers: map[*ledger]struct{}{}}
 		s.shares[key] = sh
 	}
 	sh.mu.Lock()
@@ -469,11 +534,11 @@ func (s *Server) shareFor(p engine.Plan) *share {
 		}
 		sh.interval = max(sh.interval, it.Rule.RLQS.ReportingInterval)
 	}
-	if sh.board == nil || sh.board.period != demandWindows*sh.interval {
-		sh.board = newBoard(items[0].Key, sh.interval)
+	if sh.board == nil || sh.board.period != demandPeriod(sh.interval, sh.period) {
+		sh.board = newBoard(items[0].Key, sh.interval, sh.period)
 	}
 	sh.failure = s.eng.Policy().Failure
-	return sh
+	return sh, true
 }
 
 // send sends actions to the stream's Envoy, one response. A grant's time to live is
@@ -530,11 +595,14 @@ func (st *stream) close(all bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	now := st.s.clock()
+	var cost int64
 	for _, l := range st.buckets {
 		l.sh.leave(ctx, l, now, all)
+		cost += l.cost
 	}
 	st.s.mu.Lock()
 	st.s.buckets -= len(st.buckets)
+	st.s.bytes -= cost
 	st.s.mu.Unlock()
 	st.s.metrics.buckets.Sub(float64(len(st.buckets)))
 	st.buckets = nil

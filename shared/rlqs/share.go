@@ -39,8 +39,9 @@ import (
 // time to live, adds less than one token), and an assignment expires before its
 // window ends (see ttl).
 type share struct {
-	srv *Server
-	key string
+	srv  *Server
+	key  string
+	cost int64 // bytes charged to Limits.MaxBucketBytes
 
 	mu sync.Mutex
 	// plan holds the rlqs items of the latest report's plan for the share's keys.
@@ -67,11 +68,12 @@ type share struct {
 
 // A ledger is one stream's bucket within a share.
 type ledger struct {
-	st  *stream
-	sh  *share
-	id  *rlqspb.BucketId
-	key string         // the bucket's key within its stream
-	pol *policy.Policy // the policy the bucket was matched with
+	st   *stream
+	sh   *share
+	id   *rlqspb.BucketId // its strings are parts of key (bucketKey)
+	key  string           // the bucket's key within its stream
+	cost int64            // bytes charged to Limits.MaxBucketBytes
+	pol  *policy.Policy   // the policy the bucket was matched with
 	// reshape says the policy changed the limit: the grant in force is replaced
 	// at the next report, smaller if need be.
 	reshape bool
@@ -271,7 +273,7 @@ func (sh *share) demandOf() float64 {
 // totalDemand is the demand of every Envoy on the share's quota, on every
 // instance: this instance's now, and the others' as the demand counter last said.
 func (sh *share) totalDemand(now time.Time) float64 {
-	return sh.demandOf() + sh.board.others(now, sh.interval)
+	return sh.demandOf() + sh.board.others(now)
 }
 
 // publishDemand adds this instance's demand to the counter every reporting
@@ -280,7 +282,7 @@ func (sh *share) publishDemand(ctx context.Context, now time.Time) {
 	if now.Before(sh.board.next) {
 		return
 	}
-	sh.board.next = now.Add(sh.interval)
+	sh.board.next, sh.board.at = now.Add(sh.interval), now
 	err := sh.board.publish(ctx, sh.srv.eng, sh.demandOf(), now)
 	sh.srv.metrics.storeCall("demand", err)
 	if err != nil && !sh.failing {
@@ -523,8 +525,9 @@ func (sh *share) leave(ctx context.Context, l *ledger, now time.Time, all bool) 
 	}
 	l.charged = 0
 	sh.flush(ctx)
-	if len(sh.ledgers) == 0 && sh.board.published > 0 {
-		// No Envoy here asks any more: take this instance's demand out at once.
+	if int64(l.demand*milli) > 0 && sh.board.published > 0 {
+		// Take the departed Envoy's demand out of this instance's at once, so that
+		// every instance's next window gives its part to the others.
 		sh.board.next = time.Time{}
 		sh.publishDemand(ctx, now)
 	}
@@ -543,6 +546,13 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 	}
 	if now.Before(sh.end.Add(windowGuard)) {
 		return sh.extend(now)
+	}
+	if sh.board.at.Before(sh.end) {
+		// The window's parts follow the fleet's demand as of its start: every
+		// instance publishes its own then (which starts the counter's new window
+		// when it turns), and reads the others'.
+		sh.board.next = time.Time{}
+		sh.publishDemand(ctx, now)
 	}
 	total := sh.totalDemand(now)
 	if sh.demandOf() == 0 {

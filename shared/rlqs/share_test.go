@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tollgate-dev/tollgate/shared/engine"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 	"github.com/tollgate-dev/tollgate/shared/rlqs"
 )
@@ -282,15 +283,108 @@ func TestBrokenStreamKeepsGrant(t *testing.T) {
 // streams reads the tollgate_rlqs_streams gauge of reg.
 func streams(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
+	return gauge(t, reg, "tollgate_rlqs_streams")
+}
+
+// TestLeaveGivesShare has two Envoys on two instances on one Redis ask alike for
+// one tenant's limit, whose window is one reporting interval long, beside a third
+// that asks next to nothing on the second instance (so that its share stays); when
+// the busy one there closes its stream, its instance takes its demand out at once,
+// and the other's grant at a window's start is the whole limit within two reporting
+// intervals, counted by the store's windows.
+func TestLeaveGivesShare(t *testing.T) {
+	const limit, interval = 6000, 2 * time.Second
+	doc := fleetPolicy("{timeout: 2s}", "{reporting_interval: 2s}", "6000/2s")
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			url := b.start(t)
+			eng1, eng2 := newEngine(t, url, b.cluster, doc), newEngine(t, url, b.cluster, doc)
+			reg2 := prometheus.NewRegistry()
+			c1, _ := serve(t, eng1, rlqs.Limits{})
+			c2, _ := serveConfig(t, rlqs.Config{Engine: eng2, Registerer: reg2})
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			a, bb, idle := openEnvoy(t, ctx, c1), openEnvoy(t, ctx, c2), openEnvoy(t, ctx, c2)
+			a.send(usage(0, 1, 0, "tenant", "l"))
+			bb.send(usage(0, 1, 0, "tenant", "l"))
+			a.waitFor(1)
+			bb.waitFor(1)
+			// Each reports every interval, as Envoy does: 15,000 requests a second,
+			// all denied (nothing admitted to charge), far over the limit's rate; the
+			// idle one 0.5 a second, measured from its first report.
+			report := func(e *envoy, stop chan struct{}, denied uint64) {
+				for {
+					_ = e.st.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "fleet", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+						usage(0, denied, interval, "tenant", "l"),
+					}})
+					select {
+					case <-stop:
+						return
+					case <-time.After(interval):
+					}
+				}
+			}
+			stopA, stopB, stopIdle := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			defer close(stopA)
+			defer close(stopIdle)
+			go report(a, stopA, 30000)
+			go report(bb, stopB, 30000)
+			go report(idle, stopIdle, 1)
+			half := func(g int64) bool { return g >= limit*2/5 && g <= limit*3/5 }
+			deadline := time.Now().Add(30 * time.Second)
+			// Shared from measured demand: after a few window starts.
+			for a.count() < 8 || bb.count() < 8 || !half(grantOf(a.last().action)) || !half(grantOf(bb.last().action)) {
+				if time.Now().After(deadline) {
+					t.Fatalf("no window's start shared the limit within 30s: grants %v and %v", grants(a), grants(bb))
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			t.Logf("shared: grants %d and %d", grantOf(a.last().action), grantOf(bb.last().action))
+
+			close(stopB)
+			if err := bb.st.CloseSend(); err != nil {
+				t.Fatal(err)
+			}
+			<-bb.done
+			waitUntil(t, "the busy stream of the second instance closed", func() bool { return streams(t, reg2) == 1 })
+			left := window(t, eng1, 2*time.Second)
+			// The idle Envoy's part of a window is one unit (6000 × 0.5 / 15,000.5,
+			// rounded up), which its instance may take first.
+			var got int64
+			waitUntil(t, "the whole limit granted to the busy Envoy left", func() bool {
+				got = grantOf(a.last().action)
+				return got >= limit-1
+			})
+			whole := window(t, eng1, 2*time.Second)
+			t.Logf("the grant was %d, %d window(s) of one interval after the other busy Envoy left", got, whole-left)
+			if whole-left > 2 {
+				t.Errorf("the whole limit was granted %d reporting intervals after the other Envoy left, want at most 2", whole-left)
+			}
+		})
+	}
+}
+
+// window returns the store's window of period now (its clock, Unix µs / period).
+func window(t *testing.T, eng *engine.Engine, period time.Duration) int64 {
+	t.Helper()
+	p, err := eng.Plan(engine.Request{Domain: "fleet", Attributes: map[string]string{"tenant": "l"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() == "tollgate_rlqs_streams" {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
+	v, err := eng.Peek(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no tollgate_rlqs_streams gauge")
-	return 0
+	return v.NowMicros / period.Microseconds()
+}
+
+// grants returns the grants e received, in order, as units (see grantOf).
+func grants(e *envoy) []int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []int64
+	for _, r := range e.actions {
+		out = append(out, grantOf(r.action))
+	}
+	return out
 }
