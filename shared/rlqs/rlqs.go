@@ -38,7 +38,7 @@ const (
 	DefaultMaxStreamBuckets = 1000
 	DefaultMaxBuckets       = 100000
 	DefaultMaxReportRate    = 2000
-	DefaultMaxBucketBytes   = 64 << 20
+	DefaultMaxBucketBytes   = 128 << 20
 	// MaxMessageBytes is the largest report a server built with ServerOptions
 	// receives (gRPC's default, stated): a report of every bucket of a stream at
 	// their largest fits.
@@ -75,12 +75,12 @@ type Limits struct {
 	// and counted.
 	MaxReportRate int
 	// MaxBucketBytes bounds the memory the buckets of all streams together hold
-	// (default 64 MiB): each bucket is charged its id's keys and values (kept
+	// (default 128 MiB): each bucket is charged its id's keys and values (kept
 	// once) and 1,280 bytes, each quota the buckets reach its store keys (kept
 	// three times) and 2 KiB, from the heap measured. A new bucket past it is
-	// dropped like one past MaxBuckets, and counted apart (reason=bytes). 64 MiB
-	// holds about 50,000 buckets of small ids sharing quotas, 19,000 of small ids
-	// on quotas of their own.
+	// dropped like one past MaxBuckets, and counted apart (reason=bytes). 128 MiB
+	// holds about 100,000 buckets of small ids sharing quotas (MaxBuckets binds
+	// first), 38,000 of small ids on quotas of their own.
 	MaxBucketBytes int64
 }
 
