@@ -104,6 +104,7 @@ func TestPeriods(t *testing.T) {
 				name = b.name + "/one rule"
 			}
 			t.Run(name, func(t *testing.T) {
+				t.Parallel() // each has its own Redis; the run is wall-clock time
 				per := runPeriods(t, b, b.start(t), periodsPolicy(limits, together), []float64{150, 100, 50}, 32*time.Second)
 				for _, l := range limits {
 					ws, first, last := windows(per, l)
