@@ -65,7 +65,7 @@ rules:
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			st, err := redisstore.Open(redisstore.Config{URL: tc.url(t), Cluster: tc.cluster})
+			st, err := redisstore.Open(redisstore.Config{URL: tc.url(t), Cluster: tc.cluster, Timeout: time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
