@@ -91,12 +91,13 @@ func (b *board) publish(ctx context.Context, eng *engine.Engine, demand float64,
 	mine := int64(demand * milli)
 	delta := mine - b.published
 	var v engine.Verdict
+	added := int64(0) // what this call put in the counter
 	if delta > 0 {
 		t, err := eng.Take(ctx, b.plan, delta)
 		if err != nil {
 			return err
 		}
-		v = t.Verdict
+		v, added = t.Verdict, t.Units
 	} else {
 		var err error
 		if v, err = eng.Peek(ctx, b.plan); err != nil {
@@ -109,15 +110,16 @@ func (b *board) publish(ctx context.Context, eng *engine.Engine, demand float64,
 			b.prevTotal, b.rolled = b.total, now
 		}
 		b.window, b.charged = w, v.NowMicros
-		added := max(0, delta)
 		if mine > added {
 			t, err := eng.Take(ctx, b.plan, mine-added)
 			if err != nil {
 				return err
 			}
-			v = t.Verdict
+			v, added = t.Verdict, added+t.Units
 		}
-		b.published = mine
+		// What the counter took, which is less than mine only when it is full: a
+		// later fall gives back no more than this instance put in.
+		b.published = added
 		b.total = demandCount - v.Limits[0].Remaining
 		return nil
 	}
@@ -130,8 +132,10 @@ func (b *board) publish(ctx context.Context, eng *engine.Engine, demand float64,
 			return err
 		}
 		b.total += delta
+		b.published = mine
+		return nil
 	}
-	b.published = mine
+	b.published += added
 	return nil
 }
 

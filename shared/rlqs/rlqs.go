@@ -48,7 +48,7 @@ const (
 	unmatchedTTL = time.Minute
 	// sweepEvery is how often the service starts the windows of its shares.
 	sweepEvery = 50 * time.Millisecond
-	// sweepWorkers bounds the shares a sweep pushes at once.
+	// sweepWorkers bounds the shares pushed at once.
 	sweepWorkers = 16
 	// abandonAfter is how many reports in a row without a request make the
 	// service abandon a bucket: a minute at Envoy's 5s.
@@ -130,9 +130,10 @@ type Server struct {
 
 	mu      sync.Mutex
 	shares  map[string]*share
-	buckets int   // buckets of every stream
-	bytes   int64 // what the buckets and shares are charged (Limits.MaxBucketBytes)
-	streams int   // streams open
+	pushers chan struct{} // a slot per share being pushed (sweepWorkers)
+	buckets int           // buckets of every stream
+	bytes   int64         // what the buckets and shares are charged (Limits.MaxBucketBytes)
+	streams int           // streams open
 
 	done chan struct{} // closed by Shutdown
 	stop sync.Once
@@ -150,6 +151,7 @@ func New(cfg Config) (*Server, error) {
 		clock:   cfg.Clock,
 		metrics: newMetrics(cfg.Registerer),
 		shares:  map[string]*share{},
+		pushers: make(chan struct{}, sweepWorkers),
 		done:    make(chan struct{}),
 	}
 	if s.log == nil {
@@ -187,10 +189,7 @@ func (s *Server) sweep(ctx context.Context, now time.Time) {
 	s.mu.Lock()
 	list := make([]*share, 0, len(s.shares))
 	for k, sh := range s.shares {
-		sh.mu.Lock()
-		gone := len(sh.ledgers) == 0 && now.Sub(sh.touched) > sh.period
-		sh.mu.Unlock()
-		if gone {
+		if sh.members.Load() == 0 && now.UnixNano() > sh.idle.Load() {
 			delete(s.shares, k)
 			s.bytes -= sh.cost
 			continue
@@ -199,25 +198,30 @@ func (s *Server) sweep(ctx context.Context, now time.Time) {
 	}
 	s.mu.Unlock()
 	// Windows aligned to the epoch end together for every quota of a period: push
-	// them side by side, each share's calls in turn.
-	work := make(chan *share)
-	var wg sync.WaitGroup
-	for range min(sweepWorkers, len(list)) {
-		wg.Add(1)
+	// them side by side, each share's calls in turn. A sweep waits for none of
+	// them: a share whose store calls hang (its Redis node stalled) holds a slot
+	// until they time out, and is not pushed again meanwhile; the others go on.
+	// A share left out when every slot is taken is pushed by a later sweep.
+	for _, sh := range list {
+		if !sh.pushing.CompareAndSwap(false, true) {
+			continue
+		}
+		select {
+		case s.pushers <- struct{}{}:
+		default:
+			sh.pushing.Store(false)
+			continue
+		}
 		go func() {
-			defer wg.Done()
-			for sh := range work {
-				for st, ds := range sh.push(ctx, now) {
-					st.send(ds)
-				}
+			defer func() {
+				<-s.pushers
+				sh.pushing.Store(false)
+			}()
+			for st, ds := range sh.push(ctx, now) {
+				st.send(ds)
 			}
 		}()
 	}
-	for _, sh := range list {
-		work <- sh
-	}
-	close(work)
-	wg.Wait()
 }
 
 // StreamRateLimitQuotas serves one Envoy's stream: each report is answered at once
@@ -423,6 +427,7 @@ func (st *stream) usage(ctx context.Context, u *rlqspb.RateLimitQuotaUsageReport
 		l = &ledger{st: st, sh: sh, id: id, key: key, pol: pol, cost: cost}
 		sh.mu.Lock()
 		sh.ledgers[l] = struct{}{}
+		sh.members.Add(1)
 		sh.mu.Unlock()
 		st.buckets[key] = l
 		s.metrics.buckets.Inc()
@@ -507,33 +512,38 @@ func (s *Server) shareFor(p engine.Plan) (sh *share, ok bool) {
 		return nil, true
 	}
 	p.Items = items
+	count, period, interval := int64(math.MaxInt64), time.Duration(0), time.Duration(0)
+	for _, it := range items {
+		for _, l := range it.Meter.Limits {
+			if l.Count < count {
+				count, period = l.Count, l.Period
+			}
+		}
+		interval = max(interval, it.Rule.RLQS.ReportingInterval)
+	}
+	now := s.clock()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	sh = s.shares[key]
 	if sh == nil {
 		// The share keeps its key (the shares' map's, and its own), its plan's keys
 		// and its demand counter's key: the key's bytes three times, and a little.
 		cost := shareOverhead + 3*int64(len(key)+len(demandSuffix))
 		if s.bytes+cost > s.limits.MaxBucketBytes {
+			s.mu.Unlock()
 			return nil, false
 		}
 		s.bytes += cost
 		sh = &share{srv: s, key: key, cost: cost, ledgers: map[*ledger]struct{}{}}
 		s.shares[key] = sh
 	}
+	sh.idle.Store(now.Add(period).UnixNano()) // kept from the sweep's clean up until its bucket joins
+	s.mu.Unlock()
+	// The share's lock may be held across a store call: it is taken after the
+	// server's is let go, never under it.
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sh.touched = s.clock() // kept from the sweep's clean up until its bucket joins
 	sh.plan = p
-	sh.count, sh.period, sh.interval = math.MaxInt64, 0, 0
-	for _, it := range items {
-		for _, l := range it.Meter.Limits {
-			if l.Count < sh.count {
-				sh.count, sh.period = l.Count, l.Period
-			}
-		}
-		sh.interval = max(sh.interval, it.Rule.RLQS.ReportingInterval)
-	}
+	sh.count, sh.period, sh.interval = count, period, interval
 	if sh.board == nil || sh.board.period != demandPeriod(sh.interval, sh.period) {
 		sh.board = newBoard(items[0].Key, sh.interval, sh.period)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
@@ -60,10 +61,16 @@ type share struct {
 	// no store call.
 	exhausted bool
 	ledgers   map[*ledger]struct{}
-	touched   time.Time // when a bucket was last matched to the share or left it
-	board     *board    // every instance's demand
-	failing   bool      // the store failed, and has not answered since (logged once)
-	retry     time.Time // a failed window start is not tried again before
+	// members counts ledgers, and idle is when (Unix ns) the share, without any,
+	// may be dropped: a period after a bucket was last matched to it or left it.
+	// The sweep reads them under the server's lock alone: a share's lock may be
+	// held across a store call, and the server's must never wait for one.
+	members atomic.Int64
+	idle    atomic.Int64
+	pushing atomic.Bool // a sweep's push of the share is under way
+	board   *board      // every instance's demand
+	failing bool        // the store failed, and has not answered since (logged once)
+	retry   time.Time   // a failed window start is not tried again before
 }
 
 // A ledger is one stream's bucket within a share.
@@ -111,6 +118,8 @@ const (
 	fillInterval = 366 * 24 * time.Hour
 	// smoothing weighs a new demand sample against the past.
 	smoothing = 0.5
+	// maxDemand bounds a bucket's demand, in times its limit's rate.
+	maxDemand = 100
 	// retryEvery is how often a share whose window start failed tries again.
 	retryEvery = 250 * time.Millisecond
 )
@@ -188,7 +197,11 @@ func (sh *share) observe(l *ledger, allowed, denied uint64, elapsed time.Duratio
 		}
 		return
 	}
-	rate := float64(allowed+denied) / elapsed.Seconds()
+	// Counts are Envoy's, unchecked: summed as floats (no wrap), and a bucket's
+	// demand counts up to maxDemand times its limit's rate, so that one report
+	// cannot take the quota from every other bucket for long, nor fill the
+	// instances' demand counter.
+	rate := min((float64(allowed)+float64(denied))/elapsed.Seconds(), maxDemand*float64(sh.count)/sh.period.Seconds())
 	if l.samples == 0 {
 		l.demand = rate
 	} else {
@@ -512,7 +525,8 @@ func (sh *share) leave(ctx context.Context, l *ledger, now time.Time, all bool) 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	delete(sh.ledgers, l)
-	sh.touched = now
+	sh.members.Add(-1)
+	sh.idle.Store(now.Add(sh.period).UnixNano())
 	if l.window == sh.window && sh.window != 0 {
 		keep := l.held()
 		if all {

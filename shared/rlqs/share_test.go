@@ -2,6 +2,7 @@ package rlqs_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"sync"
 	"testing"
@@ -13,6 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tollgate-dev/tollgate/shared/engine"
+	"github.com/tollgate-dev/tollgate/shared/policy"
+	"github.com/tollgate-dev/tollgate/shared/redisstore"
 	"github.com/tollgate-dev/tollgate/shared/redistest"
 	"github.com/tollgate-dev/tollgate/shared/rlqs"
 )
@@ -387,4 +390,103 @@ func grants(e *envoy) []int64 {
 		out = append(out, grantOf(r.action))
 	}
 	return out
+}
+
+// TestHugeCounts has one Envoy report the largest counts a report can carry beside
+// another's 200 requests per second, on a limit of 600 per second: the service
+// counts the first's demand up to 100 times the limit's rate, so the second still
+// gets its part, 200/(60,000+200) of the window, and the grants stay within it.
+func TestHugeCounts(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			eng := newEngine(t, b.start(t), b.cluster, testPolicy)
+			c, _ := serve(t, eng, rlqs.Limits{})
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			a, bb := openEnvoy(t, ctx, c), openEnvoy(t, ctx, c)
+			a.send(usage(0, 1, 0, "tenant", "h"))
+			a.waitFor(1)
+			bb.send(usage(0, 1, 0, "tenant", "h"))
+			bb.waitFor(1)
+			a.send(usage(math.MaxUint64, math.MaxUint64, time.Second, "tenant", "h"))
+			bb.send(usage(0, 1000, 5*time.Second, "tenant", "h"))
+			na, nb := a.count(), bb.count()
+			start := time.Now()
+			waitUntil(t, "a push to both after a window's start", func() bool {
+				return a.count() > na && bb.count() > nb && a.last().at.After(start) && bb.last().at.After(start) &&
+					a.last().action.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() >= 8*time.Second &&
+					bb.last().action.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() >= 8*time.Second
+			})
+			ga, gb := grantOf(a.last().action), grantOf(bb.last().action)
+			t.Logf("grants at the window's start: %d and %d", ga, gb)
+			if ga+gb > 6000 {
+				t.Errorf("grants %d + %d = %d, over the limit of 6000", ga, gb, ga+gb)
+			}
+			if want := 6000 * 200.0 / 60200; math.Abs(float64(gb)-want) > 2 {
+				t.Errorf("the second Envoy's grant is %d, want %.0f: the first's demand counts up to 100 times the limit's rate", gb, want)
+			}
+			if err := a.failed(); err != nil {
+				t.Errorf("the stream of huge counts ended: %v", err)
+			}
+		})
+	}
+}
+
+// TestStalledNodeStallsOnlyItsQuotas pauses the writes of the cluster master that
+// holds one tenant's quota while that tenant's first report waits on it: another
+// tenant, whose quota is on another master, is answered while the first still
+// waits. The service's own lock is never held across a store call, so one slow
+// node delays only the quotas it holds.
+func TestStalledNodeStallsOnlyItsQuotas(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	p, err := policy.Parse([]byte(fleetPolicy("{timeout: 10s}", "{}", "6000/10s")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The store waits as long as the policy does, longer than the pause.
+	st, err := redisstore.Open(redisstore.Config{URL: cl.URL(), Cluster: true, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	// The library is loaded on every master before the pause (a first decision
+	// would load it, and wait for the paused one).
+	if err := st.Preload(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	eng, err := engine.New(engine.Config{Policy: p, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	master := func(tenant string) *redistest.Server {
+		pl, err := eng.Plan(engine.Request{Domain: "fleet", Attributes: map[string]string{"tenant": tenant}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cl.MasterForKey(t, pl.Items[0].Key)
+	}
+	stalled := master("a")
+	b := ""
+	for i := 0; b == ""; i++ {
+		if n := fmt.Sprintf("b%d", i); master(n) != stalled {
+			b = n
+		}
+	}
+	c, _ := serve(t, eng, rlqs.Limits{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ea, eb := openEnvoy(t, ctx, c), openEnvoy(t, ctx, c)
+	stalled.Do(t, "client", "pause", "8000", "write")
+	t.Cleanup(func() { stalled.Do(t, "client", "unpause") })
+	ea.send(usage(0, 1, 0, "tenant", "a"))
+	// Let a's grant reach the paused master, and the sweeps run beside it.
+	time.Sleep(300 * time.Millisecond)
+	eb.send(usage(0, 1, 0, "tenant", b))
+	eb.waitFor(1)
+	if n := ea.count(); n != 0 {
+		t.Fatalf("tenant a was answered (%d answers) before tenant %s: %s waited for a's paused master", n, b, b)
+	}
+	t.Logf("tenant %s answered while tenant a's master was paused: %v", b, eb.last().action.GetQuotaAssignmentAction().GetRateLimitStrategy())
+	stalled.Do(t, "client", "unpause")
+	ea.waitFor(1)
 }
