@@ -151,22 +151,22 @@ func (l *ledger) roll(w int64) {
 	if l.window == w {
 		return
 	}
-	l.carry = l.pot
-	if l.pending {
-		l.carry += l.newMax
-	}
+	l.carry = l.outstanding()
 	l.window, l.charged, l.allowed, l.pot, l.pending, l.newMax = w, 0, 0, 0, false, 0
 	l.inForce, l.last = false, nil
 }
 
 // held is what the ledger must keep charged: what its Envoy reported and may still
 // admit.
-func (l *ledger) held() int64 {
-	h := l.allowed + l.pot
+func (l *ledger) held() int64 { return l.allowed + l.outstanding() }
+
+// outstanding is what the ledger's assignments may still admit: the one in force,
+// and the one sent since, while no report has shown it arrived.
+func (l *ledger) outstanding() int64 {
 	if l.pending {
-		h += l.newMax
+		return l.pot + l.newMax
 	}
-	return h
+	return l.pot
 }
 
 // observe smooths a report's demand (requests allowed and denied per second) into
@@ -356,10 +356,7 @@ func (sh *share) decide(ctx context.Context, l *ledger, now time.Time) decision 
 	}
 	// Until a report shows what it admitted, the assignment in force stays held
 	// beside the new one: Envoy spends it until the new one arrives.
-	old := l.pot
-	if l.pending {
-		old += l.newMax
-	}
+	old := l.outstanding()
 	grant := want
 	if need := l.allowed + old + grant - l.charged; need > 0 {
 		got, err := sh.take(ctx, need)
