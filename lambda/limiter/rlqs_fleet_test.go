@@ -611,18 +611,16 @@ func (f *fleet) start() {
 // event runs event at the start of a window and phases after it: the first
 // window (checked by first, and bounded), the next unsettled-1 windows
 // (bounded), and then two windows by when the fleet must have settled again:
-// bounded, shares by demand, the limit used. active is the Envoys with demand
-// after the event.
+// bounded, and each Envoy's share within 20% of its share of demand. active is
+// the Envoys with demand after the event.
 //
-// After an event, every window is held to the limit (checkWindows); the shares
-// and the use of the limit once settled are logged (the phase's table), not
-// asserted: on a loaded machine (the race-enabled suite, every package at once)
-// they were measured up to 24% off a weight-1 Envoy's share after a leave, where a
-// quiet machine measures 11%.
+// After an event, every window is held to the limit (checkWindows), and once
+// settled the shares too (checkShares); the use of the limit once settled is
+// logged (the phase's table), not asserted.
 func (f *fleet) event(name string, active func() []*fleetEnvoy, unsettled int, event func(), first ...func(*phase)) {
 	f.during(name+": first window", nil, 1, event, append(first, f.checkWindows)...).active = active()
 	f.during(name+": until settled", active(), unsettled-1, nil, f.checkWindows)
-	f.during(name+": settled", active(), 2, nil, f.checkWindows)
+	f.during(name+": settled", active(), 2, nil, f.checkWindows, f.checkShares)
 }
 
 func (f *fleet) run() {
@@ -642,10 +640,14 @@ func (f *fleet) run() {
 	//
 	// A ninth Envoy joins; the fleet's total demand stays the same. It gets
 	// a share at once: its first report (sent with its first request) is
-	// answered within a reporting interval, and it admits in its first
-	// window (the server has no measure of its demand before its second
-	// report, so how much is logged, not checked).
+	// answered, and it admits in its first window (its fallbacks deny, so
+	// only a grant lets it; the server has no measure of its demand before
+	// its second report, so how much is logged, not checked). How soon the
+	// answer comes is logged; the wait for it is generous, five reporting
+	// intervals (a quiet machine answers in tens of milliseconds), so that
+	// only a missing answer fails, not a slow one.
 	newcomer := f.addEnvoy(4, 0)
+	const answerWait = 5 * fleetReport
 	var granted atomic.Int64 // ns from the newcomer's first request to its first answer
 	f.event("join", current, 2, func() {
 		active = append(active, newcomer)
@@ -653,7 +655,7 @@ func (f *fleet) run() {
 		joined := time.Now()
 		go newcomer.run()
 		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), fleetReport)
+			ctx, cancel := context.WithTimeout(context.Background(), answerWait)
 			defer cancel()
 			if newcomer.e.WaitResponses(ctx, 1) == nil {
 				granted.Store(int64(time.Since(joined)))
@@ -661,7 +663,7 @@ func (f *fleet) run() {
 		}()
 	}, func(ph *phase) {
 		if granted.Load() == 0 {
-			t.Errorf("%s: the newcomer had no answer within a reporting interval (%s) of its first request", ph.name, fleetReport)
+			t.Errorf("%s: the newcomer had no answer within %s of its first request", ph.name, answerWait)
 		}
 		var first []string
 		for _, a := range newcomer.firstAnswer.Load().GetBucketAction() {
