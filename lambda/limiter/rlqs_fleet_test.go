@@ -305,7 +305,8 @@ type phase struct {
 	windows   []int64
 	fleet     map[int64]envoyrlqs.Counts // per window
 	perEnvoy  map[string]envoyrlqs.Counts
-	active    []*fleetEnvoy // the Envoys with demand in the phase
+	byWindow  map[string][]int64 // each Envoy's admissions in each of windows
+	active    []*fleetEnvoy      // the Envoys with demand in the phase
 	checks    []func(*phase)
 	servers   map[string]string // each Envoy's server at the phase's end
 }
@@ -340,11 +341,14 @@ func (f *fleet) end(ph *phase) {
 func (f *fleet) fill(ph *phase) {
 	ph.fleet = map[int64]envoyrlqs.Counts{}
 	ph.perEnvoy = map[string]envoyrlqs.Counts{}
+	ph.byWindow = map[string][]int64{}
 	for _, fe := range f.envoys {
 		var sum envoyrlqs.Counts
+		ph.byWindow[fe.name] = make([]int64, len(ph.windows))
 		for _, m := range fe.e.Stats() {
-			for _, i := range ph.windows {
+			for j, i := range ph.windows {
 				c := m[i]
+				ph.byWindow[fe.name][j] += c.Admitted
 				sum.Admitted += c.Admitted
 				sum.Denied += c.Denied
 				sum.Unassigned += c.Unassigned
@@ -415,7 +419,7 @@ func (f *fleet) log(ph *phase) {
 		fmt.Fprintf(&b, "  %-8d  %8d  %6d  %7.1f%%  %d\n", i%100000, c.Admitted, c.Denied, 100*float64(c.Admitted)/fleetLimit, c.Unassigned)
 	}
 	errs := ph.shareErrors()
-	fmt.Fprintf(&b, "  envoy        admitted  denied  share-vs-demand  stream at end\n")
+	fmt.Fprintf(&b, "  envoy        admitted  denied  share-vs-demand  stream at end  admitted by window\n")
 	for _, fe := range f.envoys {
 		c := ph.perEnvoy[fe.name]
 		e, ok := errs[fe.name]
@@ -423,7 +427,11 @@ func (f *fleet) log(ph *phase) {
 		if ok {
 			se = fmt.Sprintf("%+6.1f%%", 100*e)
 		}
-		fmt.Fprintf(&b, "  %-11s  %8d  %6d  %15s  %s\n", fe.name, c.Admitted, c.Denied, se, ph.servers[fe.name])
+		byWindow := make([]string, len(ph.byWindow[fe.name]))
+		for j, n := range ph.byWindow[fe.name] {
+			byWindow[j] = fmt.Sprint(n)
+		}
+		fmt.Fprintf(&b, "  %-11s  %8d  %6d  %15s  %-13s  %s\n", fe.name, c.Admitted, c.Denied, se, ph.servers[fe.name], strings.Join(byWindow, "/"))
 	}
 	adm := ph.admitted()
 	var cmds []string
