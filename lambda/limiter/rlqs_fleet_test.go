@@ -305,7 +305,8 @@ type phase struct {
 	windows   []int64
 	fleet     map[int64]envoyrlqs.Counts // per window
 	perEnvoy  map[string]envoyrlqs.Counts
-	active    []*fleetEnvoy // the Envoys with demand in the phase
+	byWindow  map[string][]int64 // each Envoy's admissions in each of windows
+	active    []*fleetEnvoy      // the Envoys with demand in the phase
 	checks    []func(*phase)
 	servers   map[string]string // each Envoy's server at the phase's end
 }
@@ -340,11 +341,14 @@ func (f *fleet) end(ph *phase) {
 func (f *fleet) fill(ph *phase) {
 	ph.fleet = map[int64]envoyrlqs.Counts{}
 	ph.perEnvoy = map[string]envoyrlqs.Counts{}
+	ph.byWindow = map[string][]int64{}
 	for _, fe := range f.envoys {
 		var sum envoyrlqs.Counts
+		ph.byWindow[fe.name] = make([]int64, len(ph.windows))
 		for _, m := range fe.e.Stats() {
-			for _, i := range ph.windows {
+			for j, i := range ph.windows {
 				c := m[i]
+				ph.byWindow[fe.name][j] += c.Admitted
 				sum.Admitted += c.Admitted
 				sum.Denied += c.Denied
 				sum.Unassigned += c.Unassigned
@@ -415,7 +419,7 @@ func (f *fleet) log(ph *phase) {
 		fmt.Fprintf(&b, "  %-8d  %8d  %6d  %7.1f%%  %d\n", i%100000, c.Admitted, c.Denied, 100*float64(c.Admitted)/fleetLimit, c.Unassigned)
 	}
 	errs := ph.shareErrors()
-	fmt.Fprintf(&b, "  envoy        admitted  denied  share-vs-demand  stream at end\n")
+	fmt.Fprintf(&b, "  envoy        admitted  denied  share-vs-demand  stream at end  admitted by window\n")
 	for _, fe := range f.envoys {
 		c := ph.perEnvoy[fe.name]
 		e, ok := errs[fe.name]
@@ -423,7 +427,11 @@ func (f *fleet) log(ph *phase) {
 		if ok {
 			se = fmt.Sprintf("%+6.1f%%", 100*e)
 		}
-		fmt.Fprintf(&b, "  %-11s  %8d  %6d  %15s  %s\n", fe.name, c.Admitted, c.Denied, se, ph.servers[fe.name])
+		byWindow := make([]string, len(ph.byWindow[fe.name]))
+		for j, n := range ph.byWindow[fe.name] {
+			byWindow[j] = fmt.Sprint(n)
+		}
+		fmt.Fprintf(&b, "  %-11s  %8d  %6d  %15s  %-13s  %s\n", fe.name, c.Admitted, c.Denied, se, ph.servers[fe.name], strings.Join(byWindow, "/"))
 	}
 	adm := ph.admitted()
 	var cmds []string
@@ -611,18 +619,16 @@ func (f *fleet) start() {
 // event runs event at the start of a window and phases after it: the first
 // window (checked by first, and bounded), the next unsettled-1 windows
 // (bounded), and then two windows by when the fleet must have settled again:
-// bounded, shares by demand, the limit used. active is the Envoys with demand
-// after the event.
+// bounded, and each Envoy's share within 20% of its share of demand. active is
+// the Envoys with demand after the event.
 //
-// After an event, every window is held to the limit (checkWindows); the shares
-// and the use of the limit once settled are logged (the phase's table), not
-// asserted: on a loaded machine (the race-enabled suite, every package at once)
-// they were measured up to 24% off a weight-1 Envoy's share after a leave, where a
-// quiet machine measures 11%.
+// After an event, every window is held to the limit (checkWindows), and once
+// settled the shares too (checkShares); the use of the limit once settled is
+// logged (the phase's table), not asserted.
 func (f *fleet) event(name string, active func() []*fleetEnvoy, unsettled int, event func(), first ...func(*phase)) {
 	f.during(name+": first window", nil, 1, event, append(first, f.checkWindows)...).active = active()
 	f.during(name+": until settled", active(), unsettled-1, nil, f.checkWindows)
-	f.during(name+": settled", active(), 2, nil, f.checkWindows)
+	f.during(name+": settled", active(), 2, nil, f.checkWindows, f.checkShares)
 }
 
 func (f *fleet) run() {
@@ -642,10 +648,14 @@ func (f *fleet) run() {
 	//
 	// A ninth Envoy joins; the fleet's total demand stays the same. It gets
 	// a share at once: its first report (sent with its first request) is
-	// answered within a reporting interval, and it admits in its first
-	// window (the server has no measure of its demand before its second
-	// report, so how much is logged, not checked).
+	// answered, and it admits in its first window (its fallbacks deny, so
+	// only a grant lets it; the server has no measure of its demand before
+	// its second report, so how much is logged, not checked). How soon the
+	// answer comes is logged; the wait for it is generous, five reporting
+	// intervals (a quiet machine answers in tens of milliseconds), so that
+	// only a missing answer fails, not a slow one.
 	newcomer := f.addEnvoy(4, 0)
+	const answerWait = 5 * fleetReport
 	var granted atomic.Int64 // ns from the newcomer's first request to its first answer
 	f.event("join", current, 2, func() {
 		active = append(active, newcomer)
@@ -653,7 +663,7 @@ func (f *fleet) run() {
 		joined := time.Now()
 		go newcomer.run()
 		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), fleetReport)
+			ctx, cancel := context.WithTimeout(context.Background(), answerWait)
 			defer cancel()
 			if newcomer.e.WaitResponses(ctx, 1) == nil {
 				granted.Store(int64(time.Since(joined)))
@@ -661,7 +671,7 @@ func (f *fleet) run() {
 		}()
 	}, func(ph *phase) {
 		if granted.Load() == 0 {
-			t.Errorf("%s: the newcomer had no answer within a reporting interval (%s) of its first request", ph.name, fleetReport)
+			t.Errorf("%s: the newcomer had no answer within %s of its first request", ph.name, answerWait)
 		}
 		var first []string
 		for _, a := range newcomer.firstAnswer.Load().GetBucketAction() {

@@ -63,10 +63,13 @@ func TestManyBuckets(t *testing.T) {
 	if err := e.failed(); err != nil {
 		t.Errorf("stream ended: %v", err)
 	}
+	// The heap is the process's: the service's, and the test client's (its
+	// 10,000 usages sent, the 2,000 actions it received). Measured 6.5–8.2 MiB;
+	// the bound leaves about twice that.
 	grew := int64(heap()) - int64(before)
 	t.Logf("heap grew %d KiB for 1,000 buckets held and 9,000 dropped", grew/1024)
-	if grew > 64<<20 {
-		t.Errorf("heap grew %d bytes, want under 64 MiB", grew)
+	if grew > 16<<20 {
+		t.Errorf("heap grew %d bytes, want under 16 MiB", grew)
 	}
 }
 
