@@ -537,6 +537,18 @@ func (f *fleet) logAboutLimit(ph *phase) {
 	}
 }
 
+// withinLocal fails if a window of ph admitted more than 1.1 times the limit:
+// the bound of failure mode local, whose grants are not taken from Redis, while
+// they are in force beside grants from Redis.
+func (f *fleet) withinLocal(ph *phase) {
+	f.t.Helper()
+	for _, i := range ph.windows {
+		if got := ph.fleet[i].Admitted; got > fleetLimit*11/10 {
+			f.t.Errorf("%s: window %d admitted %d, want at most %d (1.1 times the limit) while failure mode local's grants are in force", ph.name, i, got, fleetLimit*11/10)
+		}
+	}
+}
+
 // checkShares fails unless every active Envoy's share of ph's admissions is
 // within 20% of its share of demand.
 func (f *fleet) checkShares(ph *phase) {
@@ -622,14 +634,15 @@ func (f *fleet) start() {
 // bounded, the shares and the use of the limit logged. active is the Envoys
 // with demand after the event.
 //
-// After an event, every window is held to the limit (checkWindows); the shares
+// After an event, every window is held to bound (checkWindows, the limit, for
+// every event but Redis's return); once settled, to the limit; the shares
 // once settled are logged (the phase's table), not asserted: in about one run
 // in ten (more on a loaded machine) the Envoy that joined last admitted
 // nothing for whole windows while its instance granted it units, a fault not
 // yet found, and under-admission only.
-func (f *fleet) event(name string, active func() []*fleetEnvoy, unsettled int, event func(), first ...func(*phase)) {
-	f.during(name+": first window", nil, 1, event, append(first, f.checkWindows)...).active = active()
-	f.during(name+": until settled", active(), unsettled-1, nil, f.checkWindows)
+func (f *fleet) event(name string, active func() []*fleetEnvoy, unsettled int, bound func(*phase), event func(), first ...func(*phase)) {
+	f.during(name+": first window", nil, 1, event, append(first, bound)...).active = active()
+	f.during(name+": until settled", active(), unsettled-1, nil, bound)
 	f.during(name+": settled", active(), 2, nil, f.checkWindows)
 }
 
@@ -659,7 +672,7 @@ func (f *fleet) run() {
 	newcomer := f.addEnvoy(4, 0)
 	const answerWait = 5 * fleetReport
 	var granted atomic.Int64 // ns from the newcomer's first request to its first answer
-	f.event("join", current, 2, func() {
+	f.event("join", current, 2, f.checkWindows, func() {
 		active = append(active, newcomer)
 		f.setDemand(active)
 		joined := time.Now()
@@ -691,7 +704,7 @@ func (f *fleet) run() {
 	// demand stays in the fleet's for up to 5.5 reporting intervals
 	// (docs/rlqs.md).
 	idle, gone := active[6], active[7]
-	f.event("leave", current, 4, func() {
+	f.event("leave", current, 4, f.checkWindows, func() {
 		idle.setRate(0)
 		gone.leave()
 		active = slices.DeleteFunc(slices.Clone(active), func(fe *fleetEnvoy) bool { return fe == idle || fe == gone })
@@ -704,7 +717,9 @@ func (f *fleet) run() {
 		signalAll(t, pids, syscall.SIGSTOP)
 		time.AfterFunc(5*time.Second, func() { signalAll(t, pids, syscall.SIGCONT) })
 	}, f.checkWindows, f.logAboutLimit)
-	f.event("redis back", current, 2, nil)
+	// Until the fleet has settled after Redis's return, grants from Redis may
+	// join the local ones still in force (docs/rlqs.md): about the limit.
+	f.event("redis back", current, 2, f.withinLocal, nil)
 
 	// tollgate0 dies: its Envoys' streams break and reopen on tollgate1 at
 	// their next report.
@@ -715,7 +730,7 @@ func (f *fleet) run() {
 	// reporting intervals after its last publication, so the fleet settles
 	// from the third window on.
 	var kept int64
-	f.event("kill tollgate0", current, 3, func() {
+	f.event("kill tollgate0", current, 3, f.checkWindows, func() {
 		time.Sleep(fleetWindow / 2)
 		for _, fe := range active {
 			if fe.e.Server() == f.insts[0].grpc {
