@@ -166,6 +166,10 @@ func ask(t *testing.T, c rlsv3.RateLimitServiceClient, n *replayCounter, what st
 	t.Helper()
 	d := descriptor(l.entries...)
 	d.Limit = l.override
+	if l.want != nil && l.want.unit == second {
+		// The call and the one over the limit after it count in one window.
+		inOneWindow(time.Second, 500*time.Millisecond)
+	}
 	resp, err := c.ShouldRateLimit(context.Background(), request(l.domain, d))
 	if err != nil {
 		n.check(t, false, "%s: %v", what, err)

@@ -108,8 +108,13 @@ func counted(t testing.TB, c redis.UniversalClient, tenant string) int64 {
 
 // inOneMinute waits, when less than need is left of the current minute, for the next:
 // a scenario on a fixed window of a minute must not straddle two.
-func inOneMinute(need time.Duration) {
-	if left := time.Minute - time.Duration(time.Now().UnixNano())%time.Minute; left < need {
+func inOneMinute(need time.Duration) { inOneWindow(time.Minute, need) }
+
+// inOneWindow waits, if need be, until at least need is left of the current
+// window of length w (aligned to the epoch, as fixed windows are), so that the
+// calls that follow count in one window.
+func inOneWindow(w, need time.Duration) {
+	if left := w - time.Duration(time.Now().UnixNano())%w; left < need {
 		time.Sleep(left + 10*time.Millisecond)
 	}
 }
