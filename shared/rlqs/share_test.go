@@ -115,6 +115,32 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// windowGrants opens two Envoys' streams on eng for tenant's bucket, has each send
+// its first report and then ua and ub, and returns the grants each is pushed at
+// the next window's start (of testPolicy's 10 s windows), and the first Envoy.
+func windowGrants(t *testing.T, eng *engine.Engine, tenant string, ua, ub *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage) (ga, gb int64, a *envoy) {
+	t.Helper()
+	c, _ := serve(t, eng, rlqs.Limits{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	a, bb := openEnvoy(t, ctx, c), openEnvoy(t, ctx, c)
+	a.send(usage(0, 1, 0, "tenant", tenant))
+	a.waitFor(1)
+	bb.send(usage(0, 1, 0, "tenant", tenant))
+	bb.waitFor(1)
+	a.send(ua)
+	bb.send(ub)
+	// Wait for a window's start: both get a push.
+	na, nb := a.count(), bb.count()
+	start := time.Now()
+	waitUntil(t, "a push to both after a window's start", func() bool {
+		return a.count() > na && bb.count() > nb && a.last().at.After(start) && bb.last().at.After(start) &&
+			a.last().action.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() >= 8*time.Second &&
+			bb.last().action.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() >= 8*time.Second
+	})
+	return grantOf(a.last().action), grantOf(bb.last().action), a
+}
+
 // TestSkewedDemand has two Envoys report a demand of 600 and 200 requests per
 // second on one tenant: the grants pushed at the next window's start share its
 // 6000 units 3 to 1, and the store has charged exactly what was granted.
@@ -122,26 +148,8 @@ func TestSkewedDemand(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			eng := newEngine(t, b.start(t), b.cluster, testPolicy)
-			c, _ := serve(t, eng, rlqs.Limits{})
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			a, bb := openEnvoy(t, ctx, c), openEnvoy(t, ctx, c)
-			a.send(usage(0, 1, 0, "tenant", "s"))
-			a.waitFor(1)
-			bb.send(usage(0, 1, 0, "tenant", "s"))
-			bb.waitFor(1)
 			// Five seconds of demand each, all denied: nothing admitted to charge.
-			a.send(usage(0, 3000, 5*time.Second, "tenant", "s"))
-			bb.send(usage(0, 1000, 5*time.Second, "tenant", "s"))
-			// Wait for a window's start: both get a push.
-			na, nb := a.count(), bb.count()
-			start := time.Now()
-			waitUntil(t, "a push to both after a window's start", func() bool {
-				return a.count() > na && bb.count() > nb && a.last().at.After(start) && bb.last().at.After(start) &&
-					a.last().action.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() >= 8*time.Second &&
-					bb.last().action.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() >= 8*time.Second
-			})
-			ga, gb := grantOf(a.last().action), grantOf(bb.last().action)
+			ga, gb, _ := windowGrants(t, eng, "s", usage(0, 3000, 5*time.Second, "tenant", "s"), usage(0, 1000, 5*time.Second, "tenant", "s"))
 			t.Logf("grants at the window's start: %d and %d", ga, gb)
 			if ga+gb > 6000 {
 				t.Errorf("grants %d + %d = %d, over the limit of 6000", ga, gb, ga+gb)
@@ -400,24 +408,7 @@ func TestHugeCounts(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			eng := newEngine(t, b.start(t), b.cluster, testPolicy)
-			c, _ := serve(t, eng, rlqs.Limits{})
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			a, bb := openEnvoy(t, ctx, c), openEnvoy(t, ctx, c)
-			a.send(usage(0, 1, 0, "tenant", "h"))
-			a.waitFor(1)
-			bb.send(usage(0, 1, 0, "tenant", "h"))
-			bb.waitFor(1)
-			a.send(usage(math.MaxUint64, math.MaxUint64, time.Second, "tenant", "h"))
-			bb.send(usage(0, 1000, 5*time.Second, "tenant", "h"))
-			na, nb := a.count(), bb.count()
-			start := time.Now()
-			waitUntil(t, "a push to both after a window's start", func() bool {
-				return a.count() > na && bb.count() > nb && a.last().at.After(start) && bb.last().at.After(start) &&
-					a.last().action.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() >= 8*time.Second &&
-					bb.last().action.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() >= 8*time.Second
-			})
-			ga, gb := grantOf(a.last().action), grantOf(bb.last().action)
+			ga, gb, a := windowGrants(t, eng, "h", usage(math.MaxUint64, math.MaxUint64, time.Second, "tenant", "h"), usage(0, 1000, 5*time.Second, "tenant", "h"))
 			t.Logf("grants at the window's start: %d and %d", ga, gb)
 			if ga+gb > 6000 {
 				t.Errorf("grants %d + %d = %d, over the limit of 6000", ga, gb, ga+gb)
