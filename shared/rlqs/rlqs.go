@@ -605,15 +605,8 @@ func (st *stream) close(all bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	now := st.s.clock()
-	var cost int64
 	for _, l := range st.buckets {
 		l.sh.leave(ctx, l, now, all)
-		cost += l.cost
+		st.forget(l)
 	}
-	st.s.mu.Lock()
-	st.s.buckets -= len(st.buckets)
-	st.s.bytes -= cost
-	st.s.mu.Unlock()
-	st.s.metrics.buckets.Sub(float64(len(st.buckets)))
-	st.buckets = nil
 }
