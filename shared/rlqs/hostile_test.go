@@ -246,7 +246,12 @@ func TestTooManyStreams(t *testing.T) {
 	a.waitFor(1)
 	b.waitFor(1)
 	extra := openEnvoy(t, ctx, c)
-	extra.send(usage(0, 1, 0, "tenant", "c"))
+	// The service may end the stream before this report is sent; gRPC's Send then
+	// returns io.EOF and the status comes from Recv.
+	err := extra.st.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "fleet", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(0, 1, 0, "tenant", "c")}})
+	if err != nil && err != io.EOF {
+		t.Fatal(err)
+	}
 	<-extra.done
 	if st := status.Convert(extra.failed()); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "2 streams") {
 		t.Errorf("the third stream ended with %v, want RESOURCE_EXHAUSTED naming the bound", extra.failed())
