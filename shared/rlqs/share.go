@@ -53,6 +53,10 @@ type share struct {
 	failure  policy.Failure
 
 	window  int64     // the store's window (Unix µs / period) of the units held; 0 before any
+	// pushed is the last window whose grants a push sent: a report may start a
+	// window before the sweep reaches it, and every other bucket still waits for
+	// its grant.
+	pushed int64
 	end     time.Time // the window's end on our clock, early by up to a store round trip (see startWindow)
 	charged int64     // the store's time of a take in window, Unix µs, for giving back
 	pool    int64     // units taken in window and held by no ledger
@@ -555,7 +559,8 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 	if len(sh.ledgers) == 0 || sh.window == 0 {
 		return nil
 	}
-	if now.Before(sh.end.Add(windowGuard)) {
+	current := now.Before(sh.end.Add(windowGuard))
+	if current && sh.pushed == sh.window {
 		return sh.extend(now)
 	}
 	if sh.board.at.Before(sh.end) {
@@ -576,6 +581,8 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 	if now.Before(sh.retry) {
 		return nil
 	}
+	// A window a report started holds that bucket's part only: the others' are
+	// taken here, as at a window's start.
 	if err := sh.startWindow(ctx, now, want); err != nil {
 		if !sh.failing {
 			sh.failing = true
@@ -584,6 +591,7 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 		sh.retry = now.Add(retryEvery)
 		return nil
 	}
+	sh.pushed = sh.window
 	out := map[*stream][]decision{}
 	for l := range sh.ledgers {
 		if l.demand == 0 {

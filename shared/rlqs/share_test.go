@@ -481,3 +481,42 @@ func TestStalledNodeStallsOnlyItsQuotas(t *testing.T) {
 	stalled.Do(t, "client", "unpause")
 	ea.waitFor(1)
 }
+
+// TestReportStartsWindow has one Envoy's report arrive just after a window's start,
+// before the service's sweep pushes that window's grants: the report starts the
+// window for its own bucket, and every other Envoy with demand is still pushed its
+// grant at the window's start, not left without one until its own next report
+// (which, late in a window, could no longer be answered with a grant that expires
+// in time).
+func TestReportStartsWindow(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			eng := newEngine(t, b.start(t), b.cluster, fleetPolicy("{timeout: 2s}", "{reporting_interval: 1s}", "1000/2s"))
+			c, _ := serve(t, eng, rlqs.Limits{})
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			a, bb := openEnvoy(t, ctx, c), openEnvoy(t, ctx, c)
+			a.send(usage(0, 1, 0, "tenant", "w"))
+			a.waitFor(1)
+			bb.send(usage(0, 1, 0, "tenant", "w"))
+			bb.waitFor(1)
+			bb.send(usage(0, 500, time.Second, "tenant", "w"))
+			const window = 2 * time.Second
+			for range 3 {
+				// 30 ms into the next window: past the service's guard on its end,
+				// and most likely before its sweep (every 50 ms) has pushed it.
+				start := time.Now().Truncate(window).Add(window)
+				time.Sleep(time.Until(start.Add(30 * time.Millisecond)))
+				a.send(usage(0, 500, time.Second, "tenant", "w"))
+				deadline := time.Now().Add(500 * time.Millisecond)
+				for !bb.last().at.After(start) && time.Now().Before(deadline) {
+					time.Sleep(5 * time.Millisecond)
+				}
+				if last := bb.last(); !last.at.After(start) || grantOf(last.action) <= 0 {
+					t.Fatalf("the other Envoy had no grant within 500 ms of the window's start (its last action came %s before it: %v)",
+						start.Sub(last.at).Round(time.Millisecond), last.action)
+				}
+			}
+		})
+	}
+}
