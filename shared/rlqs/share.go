@@ -263,7 +263,7 @@ func (sh *share) report(ctx context.Context, l *ledger, allowed, denied uint64, 
 		}
 		l.charged += deficit
 	}
-	d := sh.decide(ctx, l, now)
+	d := sh.decide(ctx, l, now, 1)
 	sh.flush(ctx)
 	return d
 }
@@ -330,9 +330,10 @@ func (sh *share) desired(l *ledger, total float64, now time.Time) int64 {
 }
 
 // decide returns the action for ledger l: a new grant, or nil to keep the one in
-// force.
+// force. scale (at most 1) is the part of its due the ledger may have: less when a
+// window's start got fewer units than every ledger's part.
 // The share's window must be current (report and push see to it).
-func (sh *share) decide(ctx context.Context, l *ledger, now time.Time) decision {
+func (sh *share) decide(ctx context.Context, l *ledger, now time.Time, scale float64) decision {
 	l.roll(sh.window)
 	ttl := (sh.end.Sub(now) - ttlMargin).Truncate(time.Second)
 	if ttl < time.Second {
@@ -340,7 +341,7 @@ func (sh *share) decide(ctx context.Context, l *ledger, now time.Time) decision 
 		// (which expires by then) stays; the next window's push answers.
 		return decision{}
 	}
-	want := sh.desired(l, sh.totalDemand(now), now)
+	want := int64(float64(sh.desired(l, sh.totalDemand(now), now)) * scale)
 	inForce := l.inForce && now.Before(l.expires)
 	have := l.pot // what the assignment in force may still admit, at most
 	if l.pending {
@@ -576,6 +577,9 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 	}
 	var want int64
 	for l := range sh.ledgers {
+		if current && l.window == sh.window && l.inForce {
+			continue // granted already, at a report that started the window
+		}
 		want += sh.part(l, total, sh.period)
 	}
 	if now.Before(sh.retry) {
@@ -592,12 +596,20 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 		return nil
 	}
 	sh.pushed = sh.window
+	// When the store had fewer units than the parts (the other instances took theirs
+	// first, on a view of the fleet's demand that differs from this one's), every
+	// ledger gets the same fraction of its part, rather than the first ones all of
+	// theirs and the last nothing.
+	scale := 1.0
+	if want > 0 && sh.pool < want {
+		scale = float64(sh.pool) / float64(want)
+	}
 	out := map[*stream][]decision{}
 	for l := range sh.ledgers {
 		if l.demand == 0 {
 			continue // an idle bucket is answered at its next report
 		}
-		if d := sh.decide(ctx, l, now); d.action != nil {
+		if d := sh.decide(ctx, l, now, scale); d.action != nil {
 			out[l.st] = append(out[l.st], d)
 		}
 	}

@@ -520,3 +520,55 @@ func TestReportStartsWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestShortWindowSharedProRata: when a window's start finds fewer units in the store
+// than its Envoys' parts (another instance took more, on its own view of the fleet's
+// demand), every Envoy gets the same fraction of its part; none is left without a
+// grant for the window while the first ones get all of theirs.
+func TestShortWindowSharedProRata(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			eng := newEngine(t, b.start(t), b.cluster, fleetPolicy("{timeout: 2s}", "{reporting_interval: 1s}", "1000/2s"))
+			c, _ := serve(t, eng, rlqs.Limits{})
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			envoys := []*envoy{openEnvoy(t, ctx, c), openEnvoy(t, ctx, c), openEnvoy(t, ctx, c)}
+			for _, e := range envoys {
+				e.send(usage(0, 1, 0, "tenant", "p"))
+				e.waitFor(1)
+			}
+			for _, e := range envoys {
+				e.send(usage(0, 1000, 2*time.Second, "tenant", "p")) // 500 a second each
+			}
+			p, err := eng.Plan(engine.Request{Domain: "fleet", Attributes: map[string]string{"tenant": "p"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			const window = 2 * time.Second
+			start := time.Now().Truncate(window).Add(window)
+			// Just after the window's start, before the service pushes it (it waits
+			// 20 ms past its end): another instance's take leaves 300 of 1000.
+			time.Sleep(time.Until(start.Add(3 * time.Millisecond)))
+			if tk, err := eng.Take(ctx, p, 700); err != nil || tk.Units != 700 {
+				t.Fatalf("take 700 at the window's start: %+v, %v", tk, err)
+			}
+			var grants []int64
+			var sum int64
+			for i, e := range envoys {
+				waitUntil(t, fmt.Sprintf("envoy %d pushed a grant for the window", i), func() bool { return e.last().at.After(start) })
+				g := grantOf(e.last().action)
+				grants = append(grants, g)
+				sum += g
+			}
+			t.Logf("grants of the 300 units left: %v", grants)
+			if sum > 300 {
+				t.Errorf("grants %v sum to %d, more than the 300 left", grants, sum)
+			}
+			for i, g := range grants {
+				if g < 80 {
+					t.Errorf("envoy %d was granted %d of the 300 left (grants %v), want about a third of them each", i, g, grants)
+				}
+			}
+		})
+	}
+}
