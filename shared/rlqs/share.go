@@ -341,7 +341,9 @@ func (sh *share) decide(ctx context.Context, l *ledger, now time.Time, scale flo
 		// (which expires by then) stays; the next window's push answers.
 		return decision{}
 	}
-	want := int64(float64(sh.desired(l, sh.totalDemand(now), now)) * scale)
+	// Rounded up, so that the scaled parts take the whole pool (the last ledger gets
+	// a few units less).
+	want := int64(math.Ceil(float64(sh.desired(l, sh.totalDemand(now), now)) * scale))
 	inForce := l.inForce && now.Before(l.expires)
 	have := l.pot // what the assignment in force may still admit, at most
 	if l.pending {
