@@ -50,6 +50,12 @@ type board struct {
 	prevTotal int64 // the sum in the previous window, until standIn has passed in this one
 	rolled    time.Time
 	standIn   time.Duration
+	// settled is the other instances' demand as last read outside a stand-in, when
+	// every instance had published in the counter's window. It stands in too: after
+	// the store was unreachable the previous window's sum may lack instances that
+	// could not publish in it, and an instance that saw only itself would take the
+	// whole quota at the next window's start.
+	settled int64
 	next      time.Time // when to publish again
 	at        time.Time // when it was last published
 }
@@ -121,6 +127,7 @@ func (b *board) publish(ctx context.Context, eng *engine.Engine, demand float64,
 		// later fall gives back no more than this instance put in.
 		b.published = added
 		b.total = demandCount - v.Limits[0].Remaining
+		b.settle(now)
 		return nil
 	}
 	if b.charged == 0 {
@@ -133,18 +140,33 @@ func (b *board) publish(ctx context.Context, eng *engine.Engine, demand float64,
 		}
 		b.total += delta
 		b.published = mine
+		b.settle(now)
 		return nil
 	}
 	b.published += added
+	b.settle(now)
 	return nil
+}
+
+// standingIn reports whether, at now, the counter's window turned too recently for
+// every instance to have published in it.
+func (b *board) standingIn(now time.Time) bool {
+	return !b.rolled.IsZero() && now.Sub(b.rolled) < b.standIn
+}
+
+// settle records the others' demand just read, unless it may be incomplete.
+func (b *board) settle(now time.Time) {
+	if !b.standingIn(now) {
+		b.settled = max(0, b.total-b.published)
+	}
 }
 
 // others returns the demand of the other instances, in requests per second, as
 // of the last call.
 func (b *board) others(now time.Time) float64 {
-	total := b.total
-	if !b.rolled.IsZero() && now.Sub(b.rolled) < b.standIn {
-		total = max(total, b.prevTotal)
+	others := b.total - b.published
+	if b.standingIn(now) {
+		others = max(others, b.prevTotal-b.published, b.settled)
 	}
-	return float64(max(0, total-b.published)) / milli
+	return float64(max(0, others)) / milli
 }
