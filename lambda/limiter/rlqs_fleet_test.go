@@ -630,20 +630,16 @@ func (f *fleet) start() {
 
 // event runs event at the start of a window and phases after it: the first
 // window (checked by first, and bounded), the next unsettled-1 windows
-// (bounded), and then two windows by when the fleet must have settled again:
-// bounded, the shares and the use of the limit logged. active is the Envoys
-// with demand after the event.
+// (bounded), and then two windows by when the fleet must have settled again.
+// active is the Envoys with demand after the event.
 //
 // After an event, every window is held to bound (checkWindows, the limit, for
-// every event but Redis's return); once settled, to the limit; the shares
-// once settled are logged (the phase's table), not asserted: in about one run
-// in ten (more on a loaded machine) the Envoy that joined last admitted
-// nothing for whole windows while its instance granted it units, a fault not
-// yet found, and under-admission only.
+// every event but Redis's return); once settled, to the limit, and each
+// Envoy's share of the admissions to within 20% of its share of the demand.
 func (f *fleet) event(name string, active func() []*fleetEnvoy, unsettled int, bound func(*phase), event func(), first ...func(*phase)) {
 	f.during(name+": first window", nil, 1, event, append(first, bound)...).active = active()
 	f.during(name+": until settled", active(), unsettled-1, nil, bound)
-	f.during(name+": settled", active(), 2, nil, f.checkWindows)
+	f.during(name+": settled", active(), 2, nil, f.checkWindows, f.checkShares)
 }
 
 func (f *fleet) run() {
