@@ -123,3 +123,57 @@ func TestPolicyReload(t *testing.T) {
 		return false
 	})
 }
+
+// TestLocalGrantsCharged: under failure mode local, a bucket's grants while Redis
+// is down are counted nowhere; when Redis answers again within the same window, the
+// grant taken from it charges beside its own the local grant in force and what
+// Envoy reported admitting under local grants in that window, so that the window
+// holds to the limit.
+func TestLocalGrantsCharged(t *testing.T) {
+	doc := fleetPolicy("{mode: local, expected_instances: 1, timeout: 200ms, breaker: {failures: 1, open_for: 200ms}}", "{reporting_interval: 1s}", "1000/10s")
+	srv := redistest.StartServer(t)
+	eng := newEngine(t, "redis://"+srv.Addr, false, doc)
+	c, _ := serve(t, eng, rlqs.Limits{})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	srv.Kill()
+	// Early in a window, so that the whole test fits in it.
+	const window = 10 * time.Second
+	start := time.Now().Truncate(window).Add(window)
+	time.Sleep(time.Until(start.Add(100 * time.Millisecond)))
+	e := openEnvoy(t, ctx, c)
+	e.send(usage(0, 1, 0, "tenant", "l"))
+	e.waitFor(1)
+	local := e.last().action
+	if g, ttl := grantOf(local), local.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration(); g != 100 || ttl != time.Second {
+		t.Fatalf("grant with Redis down: %d units for %s, want failure mode local's 100 (1000 × 1s / 10s) for one reporting interval", g, ttl)
+	}
+	// Envoy admitted 30 under it; the next report gets another local grant.
+	e.send(usage(30, 0, time.Second, "tenant", "l"))
+	e.waitFor(2)
+	if g := grantOf(e.last().action); g != 100 {
+		t.Fatalf("second local grant: %d units, want 100", g)
+	}
+	srv.Restart(t)
+	var grant int64
+	for i := 0; ; i++ {
+		n := e.count()
+		e.send(usage(0, 50, time.Second, "tenant", "l"))
+		e.waitFor(n + 1)
+		a := e.last().action
+		if a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() > time.Second {
+			grant = grantOf(a)
+			break
+		}
+		if i > 50 || time.Since(start) > 5*time.Second {
+			t.Fatalf("no grant from Redis after it came back: %v", a)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if time.Since(start) > window-time.Second {
+		t.Fatal("the test ran past its window")
+	}
+	if got, want := remaining(t, eng, "l"), 1000-grant-100-30; got != want {
+		t.Errorf("Redis has %d left after a grant of %d, want %d: the local grant in force (100) and the 30 admitted under local grants charged beside it", got, grant, want)
+	}
+}

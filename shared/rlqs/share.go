@@ -96,6 +96,12 @@ type ledger struct {
 	pending bool
 	newMax  int64
 	carry   int64 // what assignments of the previous window may have admitted, unreported
+	// local is what the grant failure mode local sent in window localWindow (Unix µs
+	// / period on our clock) may still admit, and localUsed what Envoy reported
+	// admitting in it while the store failed: units no store counted. A grant from
+	// the store in that window charges them beside its own.
+	local, localUsed int64
+	localWindow      int64
 
 	demand   float64   // requests per second, smoothed
 	samples  int       // reports that measured the demand (time_elapsed of 1s or more)
@@ -242,12 +248,19 @@ func (sh *share) report(ctx context.Context, l *ledger, allowed, denied uint64, 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.observe(l, allowed, denied, elapsed)
+	// What Envoy reports admitting is charged (below, or once the store answers),
+	// and no longer left to a local grant.
+	l.local = max(0, l.local-int64(min(allowed, math.MaxInt32)))
 	if sh.board.next.IsZero() {
 		sh.publishDemand(ctx, now)
 	}
 	if sh.window == 0 || !now.Before(sh.end.Add(windowGuard)) {
 		if err := sh.startWindow(ctx, now, sh.part(l, sh.totalDemand(now), sh.period)); err != nil {
 			l.account(int64(min(allowed, math.MaxInt32)))
+			if l.localWindow == now.UnixMicro()/sh.period.Microseconds() && l.window != l.localWindow {
+				// Not in the ledger's counts, which are of an earlier window.
+				l.localUsed += int64(min(allowed, math.MaxInt32))
+			}
 			return sh.unavailable(l, now, err)
 		}
 	}
@@ -362,10 +375,15 @@ func (sh *share) decide(ctx context.Context, l *ledger, now time.Time, scale flo
 		}
 	}
 	// Until a report shows what it admitted, the assignment in force stays held
-	// beside the new one: Envoy spends it until the new one arrives.
+	// beside the new one: Envoy spends it until the new one arrives. So does a grant
+	// of failure mode local in this window, which no store counted: it is charged now.
 	old := l.outstanding()
+	var used int64
+	if l.localWindow == sh.window {
+		old, used = old+l.local, l.localUsed
+	}
 	grant := want
-	if need := l.allowed + old + grant - l.charged; need > 0 {
+	if need := l.allowed + used + old + grant - l.charged; need > 0 {
 		got, err := sh.take(ctx, need)
 		if err != nil && !inForce {
 			return sh.unavailable(l, now, err)
@@ -380,6 +398,8 @@ func (sh *share) decide(ctx context.Context, l *ledger, now time.Time, scale flo
 		return decision{}
 	}
 	l.pot, l.pending, l.newMax = old, true, grant
+	l.allowed += used
+	l.local, l.localUsed = 0, 0
 	l.inForce = true
 	l.expires = now.Add(ttl)
 	sh.release(l)
@@ -511,10 +531,24 @@ func (sh *share) unavailable(l *ledger, now time.Time, err error) decision {
 	case policy.FailClosed:
 		return decision{action: blanket(l.id, typev3.RateLimitStrategy_DENY_ALL, ttl), l: l, gen: l.gen}
 	case policy.FailLocal:
+		// A local grant ends by its window's end on our clock, as a grant from the
+		// store does, so that it counts in one window only; too close to the end for a
+		// whole second, none is sent (Envoy's fallback applies until the next report).
+		w := now.UnixMicro() / sh.period.Microseconds()
+		end := time.UnixMicro((w + 1) * sh.period.Microseconds())
+		ttl = min(ttl, (end.Sub(now) - ttlMargin).Truncate(time.Second))
+		if ttl < time.Second {
+			return decision{}
+		}
 		n := max(1, int64(sh.failure.ExpectedInstances)) * max(1, int64(len(sh.ledgers)))
 		per := max(1, int64(float64(sh.count)*ttl.Seconds()/sh.period.Seconds()/float64(n)))
+		per = min(per, math.MaxUint32)
+		if w != l.localWindow {
+			l.localUsed = 0
+		}
+		l.local, l.localWindow = per, w
 		l.gen++
-		return decision{action: tokenBucket(l.id, min(per, math.MaxUint32), l.gen, ttl), fresh: true, l: l, gen: l.gen}
+		return decision{action: tokenBucket(l.id, per, l.gen, ttl), by: end.Add(-ttlMargin), fresh: true, l: l, gen: l.gen}
 	default:
 		return decision{action: blanket(l.id, typev3.RateLimitStrategy_ALLOW_ALL, ttl), l: l, gen: l.gen}
 	}
