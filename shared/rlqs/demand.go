@@ -56,8 +56,8 @@ type board struct {
 	// could not publish in it, and an instance that saw only itself would take the
 	// whole quota at the next window's start.
 	settled int64
-	next      time.Time // when to publish again
-	at        time.Time // when it was last published
+	next    time.Time // when to publish again
+	at      time.Time // when it was last published
 }
 
 // demandPeriod is the counter's window for a quota of windows of period reported

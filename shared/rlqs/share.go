@@ -52,11 +52,11 @@ type share struct {
 	interval time.Duration // the rules' reporting interval
 	failure  policy.Failure
 
-	window  int64     // the store's window (Unix µs / period) of the units held; 0 before any
+	window int64 // the store's window (Unix µs / period) of the units held; 0 before any
 	// pushed is the last window whose grants a push sent: a report may start a
 	// window before the sweep reaches it, and every other bucket still waits for
 	// its grant.
-	pushed int64
+	pushed  int64
 	end     time.Time // the window's end on our clock, early by up to a store round trip (see startWindow)
 	charged int64     // the store's time of a take in window, Unix µs, for giving back
 	pool    int64     // units taken in window and held by no ledger
