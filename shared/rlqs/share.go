@@ -536,18 +536,34 @@ func (sh *share) unavailable(l *ledger, now time.Time, err error) decision {
 		// whole second, none is sent (Envoy's fallback applies until the next report).
 		w := now.UnixMicro() / sh.period.Microseconds()
 		end := time.UnixMicro((w + 1) * sh.period.Microseconds())
-		ttl = min(ttl, (end.Sub(now) - ttlMargin).Truncate(time.Second))
+		left := end.Sub(now) - ttlMargin
+		ttl = min(ttl, left.Truncate(time.Second))
 		if ttl < time.Second {
 			return decision{}
 		}
-		n := max(1, int64(sh.failure.ExpectedInstances)) * max(1, int64(len(sh.ledgers)))
-		per := max(1, int64(float64(sh.count)*ttl.Seconds()/sh.period.Seconds()/float64(n)))
-		per = min(per, math.MaxUint32)
 		if w != l.localWindow {
 			l.localUsed = 0
 		}
+		// Each bucket's part of the window, N / (expected instances × this instance's
+		// buckets), at the window's rate for the grant's life; the last grant the
+		// window has room for (the next report comes too late for a whole second) gets
+		// what is left of the part.
+		n := max(1, int64(sh.failure.ExpectedInstances)) * max(1, int64(len(sh.ledgers)))
+		used := l.localUsed
+		if l.window == w {
+			used += l.allowed
+		}
+		rest := max(0, sh.count/n-used)
+		per := max(1, int64(float64(sh.count)*ttl.Seconds()/sh.period.Seconds()/float64(n)))
+		if left-sh.interval < time.Second {
+			per = rest
+		}
+		per = min(per, rest, math.MaxUint32)
 		l.local, l.localWindow = per, w
 		l.gen++
+		if per == 0 {
+			return decision{action: blanket(l.id, typev3.RateLimitStrategy_DENY_ALL, ttl), l: l, gen: l.gen}
+		}
 		return decision{action: tokenBucket(l.id, per, l.gen, ttl), by: end.Add(-ttlMargin), fresh: true, l: l, gen: l.gen}
 	default:
 		return decision{action: blanket(l.id, typev3.RateLimitStrategy_ALLOW_ALL, ttl), l: l, gen: l.gen}
