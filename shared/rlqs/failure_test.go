@@ -177,3 +177,38 @@ func TestLocalGrantsCharged(t *testing.T) {
 		t.Errorf("Redis has %d left after a grant of %d, want %d: the local grant in force (100) and the 30 admitted under local grants charged beside it", got, grant, want)
 	}
 }
+
+// TestLocalPushedAtWindowStart: under failure mode local, with Redis down, an Envoy
+// with demand is pushed its local grant at each window's start, as a grant from
+// Redis would be, without waiting for its next report (late in a short window, a
+// report has no room left for a grant of a whole second).
+func TestLocalPushedAtWindowStart(t *testing.T) {
+	doc := fleetPolicy("{mode: local, expected_instances: 2, timeout: 200ms, breaker: {failures: 1, open_for: 200ms}}", "{reporting_interval: 1s}", "1000/2s")
+	srv := redistest.StartServer(t)
+	eng := newEngine(t, "redis://"+srv.Addr, false, doc)
+	c, _ := serve(t, eng, rlqs.Limits{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	e := openEnvoy(t, ctx, c)
+	e.send(usage(0, 1, 0, "tenant", "s"))
+	e.waitFor(1)
+	e.send(usage(0, 500, time.Second, "tenant", "s"))
+	srv.Kill()
+	const window = 2 * time.Second
+	for range 2 {
+		start := time.Now().Truncate(window).Add(window)
+		time.Sleep(time.Until(start))
+		deadline := start.Add(time.Second)
+		for !e.last().at.After(start) && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		last := e.last()
+		if !last.at.After(start) {
+			t.Fatalf("no action pushed within 1s of a window's start with Redis down (the last came %s before it)", start.Sub(last.at).Round(time.Millisecond))
+		}
+		// The bucket's part of the window: 1000 / (2 instances × 1 bucket).
+		if g := grantOf(last.action); g != 500 {
+			t.Errorf("local grant pushed at the window's start: %d units, want 500 (%v)", g, last.action)
+		}
+	}
+}

@@ -56,10 +56,13 @@ type share struct {
 	// pushed is the last window whose grants a push sent: a report may start a
 	// window before the sweep reaches it, and every other bucket still waits for
 	// its grant.
-	pushed  int64
-	end     time.Time // the window's end on our clock, early by up to a store round trip (see startWindow)
-	charged int64     // the store's time of a take in window, Unix µs, for giving back
-	pool    int64     // units taken in window and held by no ledger
+	pushed int64
+	// localPushed is the last window (by our clock) whose local grants a push sent
+	// while the store failed (failure mode local).
+	localPushed int64
+	end         time.Time // the window's end on our clock, early by up to a store round trip (see startWindow)
+	charged     int64     // the store's time of a take in window, Unix µs, for giving back
+	pool        int64     // units taken in window and held by no ledger
 	// exhausted says a take in window got less than it asked: until units come
 	// back (a stream's end), a ledger's top up waits for the next window, and costs
 	// no store call.
@@ -642,10 +645,10 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 	if err := sh.startWindow(ctx, now, want); err != nil {
 		if !sh.failing {
 			sh.failing = true
-			sh.srv.log.Warn("rlqs: starting a window failed; grants in force expire, then Envoy's fallback applies, until the store answers", "err", err)
+			sh.srv.log.Warn("rlqs: starting a window failed; grants in force expire, then the policy's failure mode applies, until the store answers", "err", err)
 		}
 		sh.retry = now.Add(retryEvery)
-		return nil
+		return sh.pushLocal(now, err)
 	}
 	sh.pushed = sh.window
 	// When the store had fewer units than the parts (the other instances took theirs
@@ -666,6 +669,28 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 		}
 	}
 	sh.flush(ctx)
+	return out
+}
+
+// pushLocal starts a window, by our clock, for every ledger whose Envoy has demand
+// and no grant when the store fails under failure mode local: its local grant, at
+// the window's start as a grant from the store would be (a report late in a window
+// has no room left for a grant of a whole second). Once a window.
+func (sh *share) pushLocal(now time.Time, err error) map[*stream][]decision {
+	w := now.UnixMicro() / sh.period.Microseconds()
+	if sh.failure.Mode != policy.FailLocal || w == sh.localPushed {
+		return nil
+	}
+	sh.localPushed = w
+	out := map[*stream][]decision{}
+	for l := range sh.ledgers {
+		if l.demand == 0 || l.localWindow == w {
+			continue // idle, or granted at a report already
+		}
+		if d := sh.unavailable(l, now, err); d.action != nil {
+			out[l.st] = append(out[l.st], d)
+		}
+	}
 	return out
 }
 
