@@ -537,9 +537,11 @@ func (f *fleet) logAboutLimit(ph *phase) {
 	}
 }
 
-// withinLocal fails if a window of ph admitted more than 1.1 times the limit:
-// the bound of failure mode local, whose grants are not taken from Redis, while
-// they are in force beside grants from Redis.
+// withinLocal fails if a window of ph admitted more than 1.1 times the limit,
+// while failure mode local's grants may be in force beside grants from Redis:
+// an instance's first grant from Redis in a window charges its local ones, but
+// an instance that reaches Redis a window later than the other has charged
+// nothing of that window (docs/rlqs.md bounds it by N / expected_instances).
 func (f *fleet) withinLocal(ph *phase) {
 	f.t.Helper()
 	for _, i := range ph.windows {
@@ -713,8 +715,8 @@ func (f *fleet) run() {
 		signalAll(t, pids, syscall.SIGSTOP)
 		time.AfterFunc(5*time.Second, func() { signalAll(t, pids, syscall.SIGCONT) })
 	}, f.checkWindows, f.logAboutLimit)
-	// Until the fleet has settled after Redis's return, grants from Redis may
-	// join the local ones still in force (docs/rlqs.md): about the limit.
+	// Until the fleet has settled after Redis's return, local grants may be in
+	// force beside grants from Redis (docs/rlqs.md): about the limit.
 	f.event("redis back", current, 2, f.withinLocal, nil)
 
 	// tollgate0 dies: its Envoys' streams break and reopen on tollgate1 at
