@@ -164,7 +164,12 @@ func (l *ledger) roll(w int64) {
 	if l.window == w {
 		return
 	}
-	l.carry = l.outstanding()
+	// Only the window just before can have admitted what a report shows now: a
+	// grant ends with its window.
+	l.carry = 0
+	if w == l.window+1 {
+		l.carry = l.outstanding()
+	}
 	l.window, l.charged, l.allowed, l.pot, l.pending, l.newMax = w, 0, 0, 0, false, 0
 	l.inForce, l.last = false, nil
 }
@@ -274,24 +279,28 @@ func (sh *share) report(ctx context.Context, l *ledger, allowed, denied uint64, 
 		// behaviour): cover them from the pool, and charge the rest, never refused.
 		from := min(deficit, sh.pool)
 		sh.pool -= from
-		if deficit > from {
-			sh.settle(ctx, deficit-from)
-		}
-		l.charged += deficit
+		l.charged += from
+		if deficit > from && sh.settle(ctx, deficit-from) {
+			l.charged += deficit - from
+		} // else charged by the next grant's take, or tried again at the next report
+
 	}
 	d := sh.decide(ctx, l, now, 1)
 	sh.flush(ctx)
 	return d
 }
 
-// settle charges units Envoy admitted beyond its grants.
-func (sh *share) settle(ctx context.Context, units int64) {
+// settle charges units Envoy admitted beyond its grants, and reports whether the
+// store took them.
+func (sh *share) settle(ctx context.Context, units int64) bool {
 	p := sh.plan
 	p.Cost = units
 	if _, err := sh.srv.eng.Settle(ctx, p); err != nil {
-		sh.srv.log.Warn("rlqs: charging admissions beyond the grants failed", "units", units, "err", err)
+		sh.srv.log.Warn("rlqs: charging admissions beyond the grants failed; tried again at the next report", "units", units, "err", err)
+		return false
 	}
 	sh.srv.metrics.settled.Add(float64(units))
+	return true
 }
 
 // demandOf returns the demand of every ledger of the share (requests per second).
@@ -619,7 +628,7 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 	if current && sh.pushed == sh.window {
 		return sh.extend(now)
 	}
-	if sh.board.at.Before(sh.end) {
+	if !current && sh.board.at.Before(sh.end) || current && sh.board.at.Before(sh.end.Add(-sh.period)) {
 		// The window's parts follow the fleet's demand as of its start: every
 		// instance publishes its own then (which starts the counter's new window
 		// when it turns), and reads the others'.
@@ -628,6 +637,9 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 	}
 	total := sh.totalDemand(now)
 	if sh.demandOf() == 0 {
+		if current {
+			sh.pushed = sh.window // nothing to push in it
+		}
 		return nil
 	}
 	var want int64

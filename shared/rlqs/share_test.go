@@ -540,17 +540,32 @@ func TestShortWindowSharedProRata(t *testing.T) {
 			for _, e := range envoys {
 				e.send(usage(0, 1000, 2*time.Second, "tenant", "p")) // 500 a second each
 			}
+			time.Sleep(200 * time.Millisecond) // the reports are in
 			p, err := eng.Plan(engine.Request{Domain: "fleet", Attributes: map[string]string{"tenant": "p"}})
 			if err != nil {
 				t.Fatal(err)
 			}
 			const window = 2 * time.Second
-			start := time.Now().Truncate(window).Add(window)
-			// Just after the window's start, before the service pushes it (it waits
-			// 20 ms past its end): another instance's take leaves 300 of 1000.
-			time.Sleep(time.Until(start.Add(3 * time.Millisecond)))
-			if tk, err := eng.Take(ctx, p, 700); err != nil || tk.Units != 700 {
-				t.Fatalf("take 700 at the window's start: %+v, %v", tk, err)
+			var start time.Time
+			for try := 0; ; try++ {
+				start = time.Now().Truncate(window).Add(window)
+				// Just after the window's start, before the service pushes it (it waits
+				// 20 ms past its end): another instance's take leaves 300 of 1000. On a
+				// loaded machine the push may come first: then try the next window.
+				time.Sleep(time.Until(start.Add(3 * time.Millisecond)))
+				tk, err := eng.Take(ctx, p, 700)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tk.Units == 700 {
+					break
+				}
+				if try == 4 {
+					t.Fatalf("the service pushed before a take 3 ms into the window, five windows running (took %d)", tk.Units)
+				}
+				if err := eng.GiveBack(ctx, p, tk.Units, tk.Verdict.NowMicros); err != nil {
+					t.Fatal(err)
+				}
 			}
 			var grants []int64
 			var sum int64
