@@ -173,7 +173,14 @@ func TestLocalGrantsCharged(t *testing.T) {
 	if time.Since(start) > window-time.Second {
 		t.Fatal("the test ran past its window")
 	}
-	if got, want := remaining(t, eng, "l"), 1000-grant-100-30; got != want {
+	// A sweep's push may hold one unit for a moment (it takes one to learn the
+	// window, and gives it back): read until it settles.
+	want := 1000 - grant - 100 - 30
+	got := remaining(t, eng, "l")
+	for deadline := time.Now().Add(time.Second); got != want && time.Now().Before(deadline); got = remaining(t, eng, "l") {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got != want {
 		t.Errorf("Redis has %d left after a grant of %d, want %d: the local grant in force (100) and the 30 admitted under local grants charged beside it", got, grant, want)
 	}
 }
