@@ -141,9 +141,7 @@ func TestLocalGrantsCharged(t *testing.T) {
 	const window = 10 * time.Second
 	start := time.Now().Truncate(window).Add(window)
 	time.Sleep(time.Until(start.Add(100 * time.Millisecond)))
-	e := openEnvoy(t, ctx, c)
-	e.send(usage(0, 1, 0, "tenant", "l"))
-	e.waitFor(1)
+	e := joinEnvoys(t, ctx, c, "l", 1)[0]
 	local := e.last().action
 	if g, ttl := grantOf(local), local.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration(); g != 100 || ttl != time.Second {
 		t.Fatalf("grant with Redis down: %d units for %s, want failure mode local's 100 (1000 × 1s / 10s) for one reporting interval", g, ttl)
@@ -196,9 +194,7 @@ func TestLocalPushedAtWindowStart(t *testing.T) {
 	c, _ := serve(t, eng, rlqs.Limits{})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	e := openEnvoy(t, ctx, c)
-	e.send(usage(0, 1, 0, "tenant", "s"))
-	e.waitFor(1)
+	e := joinEnvoys(t, ctx, c, "s", 1)[0]
 	e.send(usage(0, 500, time.Second, "tenant", "s"))
 	srv.Kill()
 	const window = 2 * time.Second

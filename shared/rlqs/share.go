@@ -256,24 +256,25 @@ func (sh *share) report(ctx context.Context, l *ledger, allowed, denied uint64, 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.observe(l, allowed, denied, elapsed)
+	admitted := int64(min(allowed, math.MaxInt32))
 	// What Envoy reports admitting is charged (below, or once the store answers),
 	// and no longer left to a local grant.
-	l.local = max(0, l.local-int64(min(allowed, math.MaxInt32)))
+	l.local = max(0, l.local-admitted)
 	if sh.board.next.IsZero() {
 		sh.publishDemand(ctx, now)
 	}
 	if sh.window == 0 || !now.Before(sh.end.Add(windowGuard)) {
 		if err := sh.startWindow(ctx, now, sh.part(l, sh.totalDemand(now), sh.period)); err != nil {
-			l.account(int64(min(allowed, math.MaxInt32)))
-			if l.localWindow == now.UnixMicro()/sh.period.Microseconds() && l.window != l.localWindow {
+			l.account(admitted)
+			if l.localWindow == sh.clockWindow(now) && l.window != l.localWindow {
 				// Not in the ledger's counts, which are of an earlier window.
-				l.localUsed += int64(min(allowed, math.MaxInt32))
+				l.localUsed += admitted
 			}
 			return sh.unavailable(l, now, err)
 		}
 	}
 	l.roll(sh.window)
-	l.account(int64(min(allowed, math.MaxInt32)))
+	l.account(admitted)
 	if deficit := l.held() - l.charged; deficit > 0 {
 		// Envoy admitted requests no grant covered (its no_assignment or expired
 		// behaviour): cover them from the pool, and charge the rest, never refused.
@@ -283,7 +284,6 @@ func (sh *share) report(ctx context.Context, l *ledger, allowed, denied uint64, 
 		if deficit > from && sh.settle(ctx, deficit-from) {
 			l.charged += deficit - from
 		} // else charged by the next grant's take, or tried again at the next report
-
 	}
 	d := sh.decide(ctx, l, now, 1)
 	sh.flush(ctx)
@@ -546,7 +546,7 @@ func (sh *share) unavailable(l *ledger, now time.Time, err error) decision {
 		// A local grant ends by its window's end on our clock, as a grant from the
 		// store does, so that it counts in one window only; too close to the end for a
 		// whole second, none is sent (Envoy's fallback applies until the next report).
-		w := now.UnixMicro() / sh.period.Microseconds()
+		w := sh.clockWindow(now)
 		end := time.UnixMicro((w + 1) * sh.period.Microseconds())
 		left := end.Sub(now) - ttlMargin
 		ttl = min(ttl, left.Truncate(time.Second))
@@ -628,7 +628,11 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 	if current && sh.pushed == sh.window {
 		return sh.extend(now)
 	}
-	if !current && sh.board.at.Before(sh.end) || current && sh.board.at.Before(sh.end.Add(-sh.period)) {
+	start := sh.end // the window to push starts where the last one ended
+	if current {
+		start = sh.end.Add(-sh.period) // a report started it
+	}
+	if sh.board.at.Before(start) {
 		// The window's parts follow the fleet's demand as of its start: every
 		// instance publishes its own then (which starts the counter's new window
 		// when it turns), and reads the others'.
@@ -684,12 +688,16 @@ func (sh *share) push(ctx context.Context, now time.Time) map[*stream][]decision
 	return out
 }
 
+// clockWindow is the number of the share's window at now on our clock (Unix µs /
+// period), as the store numbers its own by its clock.
+func (sh *share) clockWindow(now time.Time) int64 { return now.UnixMicro() / sh.period.Microseconds() }
+
 // pushLocal starts a window, by our clock, for every ledger whose Envoy has demand
 // and no grant when the store fails under failure mode local: its local grant, at
 // the window's start as a grant from the store would be (a report late in a window
 // has no room left for a grant of a whole second). Once a window.
 func (sh *share) pushLocal(now time.Time, err error) map[*stream][]decision {
-	w := now.UnixMicro() / sh.period.Microseconds()
+	w := sh.clockWindow(now)
 	if sh.failure.Mode != policy.FailLocal || w == sh.localPushed {
 		return nil
 	}

@@ -115,6 +115,20 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// joinEnvoys opens n Envoys' streams on c, each with its first report of tenant's
+// bucket answered.
+func joinEnvoys(t *testing.T, ctx context.Context, c rlqspb.RateLimitQuotaServiceClient, tenant string, n int) []*envoy {
+	t.Helper()
+	var es []*envoy
+	for range n {
+		e := openEnvoy(t, ctx, c)
+		e.send(usage(0, 1, 0, "tenant", tenant))
+		e.waitFor(1)
+		es = append(es, e)
+	}
+	return es
+}
+
 // windowGrants opens two Envoys' streams on eng for tenant's bucket, has each send
 // its first report and then ua and ub, and returns the grants each is pushed at
 // the next window's start (of testPolicy's 10 s windows), and the first Envoy.
@@ -123,11 +137,8 @@ func windowGrants(t *testing.T, eng *engine.Engine, tenant string, ua, ub *rlqsp
 	c, _ := serve(t, eng, rlqs.Limits{})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
-	a, bb := openEnvoy(t, ctx, c), openEnvoy(t, ctx, c)
-	a.send(usage(0, 1, 0, "tenant", tenant))
-	a.waitFor(1)
-	bb.send(usage(0, 1, 0, "tenant", tenant))
-	bb.waitFor(1)
+	es := joinEnvoys(t, ctx, c, tenant, 2)
+	a, bb := es[0], es[1]
 	a.send(ua)
 	bb.send(ub)
 	// Wait for a window's start: both get a push.
@@ -495,11 +506,8 @@ func TestReportStartsWindow(t *testing.T) {
 			c, _ := serve(t, eng, rlqs.Limits{})
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			a, bb := openEnvoy(t, ctx, c), openEnvoy(t, ctx, c)
-			a.send(usage(0, 1, 0, "tenant", "w"))
-			a.waitFor(1)
-			bb.send(usage(0, 1, 0, "tenant", "w"))
-			bb.waitFor(1)
+			es := joinEnvoys(t, ctx, c, "w", 2)
+			a, bb := es[0], es[1]
 			bb.send(usage(0, 500, time.Second, "tenant", "w"))
 			const window = 2 * time.Second
 			for range 3 {
@@ -532,11 +540,7 @@ func TestShortWindowSharedProRata(t *testing.T) {
 			c, _ := serve(t, eng, rlqs.Limits{})
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			envoys := []*envoy{openEnvoy(t, ctx, c), openEnvoy(t, ctx, c), openEnvoy(t, ctx, c)}
-			for _, e := range envoys {
-				e.send(usage(0, 1, 0, "tenant", "p"))
-				e.waitFor(1)
-			}
+			envoys := joinEnvoys(t, ctx, c, "p", 3)
 			for _, e := range envoys {
 				e.send(usage(0, 1000, 2*time.Second, "tenant", "p")) // 500 a second each
 			}
