@@ -350,7 +350,8 @@ func TestLeaveGivesShare(t *testing.T) {
 			defer close(stopA)
 			defer close(stopIdle)
 			go report(a, stopA, 30000)
-			go report(bb, stopB, 30000)
+			bbStopped := make(chan struct{})
+			go func() { report(bb, stopB, 30000); close(bbStopped) }()
 			go report(idle, stopIdle, 1)
 			half := func(g int64) bool { return g >= limit*2/5 && g <= limit*3/5 }
 			deadline := time.Now().Add(30 * time.Second)
@@ -364,6 +365,7 @@ func TestLeaveGivesShare(t *testing.T) {
 			t.Logf("shared: grants %d and %d", grantOf(a.last().action), grantOf(bb.last().action))
 
 			close(stopB)
+			<-bbStopped // gRPC forbids CloseSend while a Send is under way on the stream
 			if err := bb.st.CloseSend(); err != nil {
 				t.Fatal(err)
 			}
