@@ -139,8 +139,7 @@ func TestLocalGrantsCharged(t *testing.T) {
 	srv.Kill()
 	// Early in a window, so that the whole test fits in it.
 	const window = 10 * time.Second
-	start := time.Now().Truncate(window).Add(window)
-	time.Sleep(time.Until(start.Add(100 * time.Millisecond)))
+	start := nextWindow(window, 100*time.Millisecond)
 	e := joinEnvoys(t, ctx, c, "l", 1)[0]
 	local := e.last().action
 	if g, ttl := grantOf(local), local.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration(); g != 100 || ttl != time.Second {
@@ -199,8 +198,7 @@ func TestLocalPushedAtWindowStart(t *testing.T) {
 	srv.Kill()
 	const window = 2 * time.Second
 	for range 2 {
-		start := time.Now().Truncate(window).Add(window)
-		time.Sleep(time.Until(start))
+		start := nextWindow(window, 0)
 		deadline := start.Add(time.Second)
 		for !e.last().at.After(start) && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)

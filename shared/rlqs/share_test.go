@@ -115,6 +115,14 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// nextWindow sleeps until after past the start of the next window of period (our
+// clock, as the store numbers windows on this machine) and returns that start.
+func nextWindow(period, after time.Duration) time.Time {
+	start := time.Now().Truncate(period).Add(period)
+	time.Sleep(time.Until(start.Add(after)))
+	return start
+}
+
 // joinEnvoys opens n Envoys' streams on c, each with its first report of tenant's
 // bucket answered.
 func joinEnvoys(t *testing.T, ctx context.Context, c rlqspb.RateLimitQuotaServiceClient, tenant string, n int) []*envoy {
@@ -515,8 +523,7 @@ func TestReportStartsWindow(t *testing.T) {
 			for range 3 {
 				// 30 ms into the next window: past the service's guard on its end,
 				// and most likely before its sweep (every 50 ms) has pushed it.
-				start := time.Now().Truncate(window).Add(window)
-				time.Sleep(time.Until(start.Add(30 * time.Millisecond)))
+				start := nextWindow(window, 30*time.Millisecond)
 				a.send(usage(0, 500, time.Second, "tenant", "w"))
 				deadline := time.Now().Add(500 * time.Millisecond)
 				for !bb.last().at.After(start) && time.Now().Before(deadline) {
@@ -554,11 +561,10 @@ func TestShortWindowSharedProRata(t *testing.T) {
 			const window = 2 * time.Second
 			var start time.Time
 			for try := 0; ; try++ {
-				start = time.Now().Truncate(window).Add(window)
 				// Just after the window's start, before the service pushes it (it waits
 				// 20 ms past its end): another instance's take leaves 300 of 1000. On a
 				// loaded machine the push may come first: then try the next window.
-				time.Sleep(time.Until(start.Add(3 * time.Millisecond)))
+				start = nextWindow(window, 3*time.Millisecond)
 				tk, err := eng.Take(ctx, p, 700)
 				if err != nil {
 					t.Fatal(err)
